@@ -1,0 +1,125 @@
+"""Walking the workspace the way git sees it: .gitignore respected, `.git/` skipped, hidden files kept.
+
+ripgrep (`rg --files`) does the walk when it is available (fast, parallel); otherwise a pure-Python
+walker applies the .gitignore files it meets with `pathspec` (gitwildmatch semantics, as rg does).
+Globs follow gitignore rules in both: a pattern without `/` matches a name at any depth, one with `/`
+is anchored at the search folder, `**` spans folders.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from agent.tools.base import ToolError
+from agent.tools.context import ToolContext
+
+RG_TIMEOUT_S = 60
+SKIP_DIRS = {".git"}
+
+
+def rg_base_args(rg: str) -> list[str]:
+    return [rg, "--hidden", "--no-require-git", "--glob", "!.git", "--no-config"]
+
+
+def list_files(ctx: ToolContext, base: Path, glob: str | None = None,
+               limit: int | None = None) -> tuple[list[str], bool]:
+    """Non-ignored files under `base` (a folder), as paths relative to the workspace root.
+
+    Returns (paths, truncated). Order is the walk's, not sorted.
+    """
+    prefix = os.path.relpath(base, ctx.root)
+    if ctx.rg:
+        rel = _rg_files(ctx.rg, base, glob)
+    else:
+        rel = _walk_files(base, glob, limit)
+    truncated = limit is not None and len(rel) > limit
+    if truncated:
+        rel = rel[:limit]
+    if prefix != ".":
+        rel = [f"{prefix}/{r}" for r in rel]
+    return rel, truncated
+
+
+def _rg_files(rg: str, base: Path, glob: str | None) -> list[str]:
+    argv = rg_base_args(rg) + ["--files"]
+    if glob:
+        argv += ["--glob", glob]
+    try:
+        proc = subprocess.run(argv, cwd=base, capture_output=True, timeout=RG_TIMEOUT_S,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise ToolError(f"listing files took longer than {RG_TIMEOUT_S} s; narrow the path") from None
+    if proc.returncode not in (0, 1):
+        raise ToolError(f"rg failed: {proc.stderr.decode(errors='replace').strip()}")
+    return [p for p in proc.stdout.decode(errors="surrogateescape").splitlines() if p]
+
+
+def compile_glob(glob: str):
+    import pathspec
+
+    return pathspec.PathSpec.from_lines("gitwildmatch", [glob])
+
+
+def walk(base: Path):
+    """Yield (relative posix path, is_dir) for non-ignored entries under `base`, top-down, sorted."""
+    import pathspec
+
+    # The .gitignore specs in force for each folder still to visit: (folder relative to base, spec).
+    inherited: dict[str, list[tuple[str, object]]] = {"": []}
+    for dirpath, dirnames, filenames in os.walk(base):
+        rel_dir = os.path.relpath(dirpath, base)
+        rel_dir = "" if rel_dir == "." else rel_dir.replace(os.sep, "/")
+        active = inherited.pop(rel_dir, [])
+        spec = _gitignore_spec(Path(dirpath), pathspec)
+        if spec is not None:
+            active = active + [(rel_dir, spec)]
+        kept = []
+        for d in sorted(dirnames):
+            rel = f"{rel_dir}/{d}" if rel_dir else d
+            if d in SKIP_DIRS or os.path.islink(os.path.join(dirpath, d)) or _ignored(active, rel + "/"):
+                continue
+            kept.append(d)
+            inherited[rel] = active
+            yield rel, True
+        dirnames[:] = kept
+        for f in sorted(filenames):
+            rel = f"{rel_dir}/{f}" if rel_dir else f
+            if not _ignored(active, rel):
+                yield rel, False
+
+
+def _walk_files(base: Path, glob: str | None, limit: int | None) -> list[str]:
+    matcher = compile_glob(glob) if glob else None
+    out = []
+    for rel, is_dir in walk(base):
+        if is_dir:
+            continue
+        if matcher is not None and not matcher.match_file(rel):
+            continue
+        out.append(rel)
+        if limit is not None and len(out) > limit:
+            break
+    return out
+
+
+def _gitignore_spec(folder: Path, pathspec):
+    gi = folder / ".gitignore"
+    try:
+        lines = gi.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    return pathspec.GitIgnoreSpec.from_lines(lines)
+
+
+def _ignored(active: list[tuple[str, object]], rel: str) -> bool:
+    ignored = False
+    for folder, spec in active:
+        sub = rel[len(folder) + 1 :] if folder else rel
+        if folder and not rel.startswith(folder + "/"):
+            continue
+        result = spec.check_file(sub)  # type: ignore[attr-defined]
+        if result.include is not None:
+            ignored = bool(result.include)
+    return ignored

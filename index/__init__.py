@@ -1,0 +1,1 @@
+"""Semantic code search: chunking, embeddings, vector and lexical indexes, incremental sync."""

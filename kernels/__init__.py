@@ -1,0 +1,1 @@
+"""MXFP8 formats and Triton kernels, with their torch references."""

@@ -1,0 +1,1 @@
+"""OpenAI-compatible inference server for Mixture-of-Experts models."""
