@@ -4,9 +4,9 @@ All matching happens on LF text (the caller converts CRLF files and converts bac
 
   exact               `old` is a substring of the text.
   trailing_whitespace whole lines equal after stripping trailing blanks.
-  indentation         whole lines equal after stripping leading blanks, with one uniform indentation
-                      shift (tab widths 4 and 8 tried); the shift is re-applied to `new`, rendered
-                      with the file's tabs or spaces.
+  indentation         whole lines equal after stripping leading blanks, with a consistent mapping of
+                      indentation (a uniform shift or another indent unit; tab widths 4 and 8 tried);
+                      the mapping is re-applied to `new`, rendered with the file's tabs or spaces.
   unicode             typographic quotes, dashes and odd spaces folded to ASCII (works mid-line), and
                       then line by line together with the whitespace tolerances above.
   whitespace          last resort: whole lines equal once every whitespace run is folded.
@@ -135,24 +135,41 @@ def _width(ws: str, tab: int) -> int:
 
 
 def _reindent(window: list[str], old_lines: list[str], new: str, loose: bool) -> str | None:
-    """Re-apply the indentation shift between `old_lines` and the file's `window` to `new`."""
+    """Re-indent `new` the way the file's `window` is indented relative to `old_lines`.
+
+    Indentation widths (tabs expanded) of old lines are mapped to those of the file lines they matched.
+    The map must be consistent and order-preserving (a uniform shift, or a change of indent unit such as
+    2 → 4 spaces); `loose` accepts any map. New lines take the mapped width of the nearest old width at
+    or below theirs, plus the remainder; the result uses tabs where the file's lines do.
+    """
     pairs = [(f, o) for f, o in zip(window, old_lines, strict=True) if o.strip() and f.strip()]
     if not pairs:
         return new
     uses_tabs = any("\t" in _indent(f) for f, _ in pairs)
     for tab in TAB_WIDTHS:
-        deltas = {_width(_indent(f), tab) - _width(_indent(o), tab) for f, o in pairs}
-        if len(deltas) == 1 or loose:
-            delta = _width(_indent(pairs[0][0]), tab) - _width(_indent(pairs[0][1]), tab)
-            out = []
-            for line in new.split("\n"):
-                if not line.strip():
-                    out.append(line)
-                    continue
-                width = max(0, _width(_indent(line), tab) + delta)
-                ws = "\t" * (width // tab) + " " * (width % tab) if uses_tabs else " " * width
-                out.append(ws + line.lstrip(" \t"))
-            return "\n".join(out)
+        mapping: dict[int, int] = {}
+        consistent = True
+        for f, o in pairs:
+            ow, fw = _width(_indent(o), tab), _width(_indent(f), tab)
+            if mapping.setdefault(ow, fw) != fw:
+                consistent = False
+        keys = sorted(mapping)
+        if any(mapping[a] >= mapping[b] for a, b in zip(keys, keys[1:], strict=False)):
+            consistent = False
+        if not consistent and not loose:
+            continue
+        out = []
+        for line in new.split("\n"):
+            if not line.strip():
+                out.append(line)
+                continue
+            w = _width(_indent(line), tab)
+            below = [k for k in keys if k <= w]
+            base = below[-1] if below else keys[0]
+            width = max(0, mapping[base] + (w - base))
+            ws = "\t" * (width // tab) + " " * (width % tab) if uses_tabs else " " * width
+            out.append(ws + line.lstrip(" \t"))
+        return "\n".join(out)
     return None
 
 

@@ -42,10 +42,33 @@ def list_files(ctx: ToolContext, base: Path, glob: str | None = None,
     return rel, truncated
 
 
+def rg_glob_args(glob: str) -> list[str] | None:
+    """rg arguments keeping only files whose name matches `glob`, or None if it has a folder part.
+
+    rg's own --glob is an override that beats .gitignore (`--glob '*.log'` would list ignored logs),
+    so name-only globs become a file type, which filters without overriding; globs with a folder part
+    are matched in Python instead (`glob_matcher`).
+    """
+    negated = glob.startswith("!")
+    name = glob[1:] if negated else glob
+    name = name.removeprefix("**/")
+    if "/" in name or not name:
+        return None
+    return ["--type-add", f"composerglob:{name}", "--type-not" if negated else "--type", "composerglob"]
+
+
+def glob_matcher(glob: str):
+    """A predicate on paths relative to the search folder, with .gitignore glob semantics."""
+    negated = glob.startswith("!")
+    spec = compile_glob(glob[1:] if negated else glob)
+    return (lambda rel: not spec.match_file(rel)) if negated else spec.match_file
+
+
 def _rg_files(rg: str, base: Path, glob: str | None) -> list[str]:
     argv = rg_base_args(rg) + ["--files"]
-    if glob:
-        argv += ["--glob", glob]
+    name_args = rg_glob_args(glob) if glob else None
+    if name_args:
+        argv += name_args
     try:
         proc = subprocess.run(argv, cwd=base, capture_output=True, timeout=RG_TIMEOUT_S,
                               stdin=subprocess.DEVNULL)
@@ -53,13 +76,17 @@ def _rg_files(rg: str, base: Path, glob: str | None) -> list[str]:
         raise ToolError(f"listing files took longer than {RG_TIMEOUT_S} s; narrow the path") from None
     if proc.returncode not in (0, 1):
         raise ToolError(f"rg failed: {proc.stderr.decode(errors='replace').strip()}")
-    return [p for p in proc.stdout.decode(errors="surrogateescape").splitlines() if p]
+    files = [p for p in proc.stdout.decode(errors="surrogateescape").splitlines() if p]
+    if glob and name_args is None:
+        match = glob_matcher(glob)
+        files = [f for f in files if match(f)]
+    return files
 
 
 def compile_glob(glob: str):
     import pathspec
 
-    return pathspec.PathSpec.from_lines("gitwildmatch", [glob])
+    return pathspec.GitIgnoreSpec.from_lines([glob])
 
 
 def walk(base: Path):
@@ -91,12 +118,12 @@ def walk(base: Path):
 
 
 def _walk_files(base: Path, glob: str | None, limit: int | None) -> list[str]:
-    matcher = compile_glob(glob) if glob else None
+    matcher = glob_matcher(glob) if glob else None
     out = []
     for rel, is_dir in walk(base):
         if is_dir:
             continue
-        if matcher is not None and not matcher.match_file(rel):
+        if matcher is not None and not matcher(rel):
             continue
         out.append(rel)
         if limit is not None and len(out) > limit:

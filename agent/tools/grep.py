@@ -18,12 +18,13 @@ from typing import Annotated, Literal
 from agent.tools.base import ToolError, ToolResult, tool
 from agent.tools.context import ToolContext
 from agent.tools.fileio import SNIFF_BYTES, looks_binary
-from agent.tools.files import RG_TIMEOUT_S, compile_glob, rg_base_args, walk
+from agent.tools.files import RG_TIMEOUT_S, glob_matcher, list_files, rg_base_args, rg_glob_args, walk
 
 DEFAULT_HEAD_LIMIT = {"files_with_matches": 200, "content": 300, "count": 200}
 MAX_COLLECT = 50_000
 MAX_LINE_CHARS = 400
 MAX_OUTPUT_CHARS = 40_000
+_RG_LINE = re.compile(r"(\d+)([:-])")
 
 
 @dataclass
@@ -85,12 +86,19 @@ def _rg_search(ctx, target: Path, pattern, glob, mode, context, icase) -> tuple[
             argv += ["--context", str(context)]
     if icase:
         argv.append("--ignore-case")
-    if glob:
-        argv += ["--glob", glob]
     argv += ["--regexp", pattern]
     # Run inside the folder searched so globs are relative to it; prefix paths afterwards.
     if target.is_dir():
         cwd, prefix = target, _prefix(ctx, target)
+        name_args = rg_glob_args(glob) if glob else None
+        if name_args:
+            argv += name_args
+        elif glob:
+            # A glob with a folder part: pick the files first (ignore rules kept), search only those.
+            files, _ = list_files(ctx, target, glob=glob)
+            if not files:
+                return {}, False
+            argv += ["--", *(os.path.relpath(ctx.root / f, target) for f in files)]
     else:
         cwd, prefix = ctx.root, ""
         argv += ["--", os.path.relpath(target, ctx.root)]
@@ -139,7 +147,7 @@ def _parse_rg_line(line: str, mode: str, prefix: str, hits: dict[str, FileHits])
     if line == "--" or "\0" not in line:
         return
     path, _, rest = line.partition("\0")
-    m = re.match(r"(\d+)([:-])", rest)
+    m = _RG_LINE.match(rest)
     if not m:
         return
     fh = hits.setdefault(prefix + path, FileHits())
@@ -154,10 +162,10 @@ def _py_search(ctx, target: Path, pattern, glob, mode, context, icase) -> tuple[
     except re.error as e:
         raise ToolError(f"invalid pattern: {e}") from None
     if target.is_dir():
-        matcher = compile_glob(glob) if glob else None
+        matcher = glob_matcher(glob) if glob else None
         prefix = _prefix(ctx, target)
         files = [(prefix + rel, target / rel) for rel, is_dir in walk(target)
-                 if not is_dir and (matcher is None or matcher.match_file(rel))]
+                 if not is_dir and (matcher is None or matcher(rel))]
     else:
         files = [(ctx.workspace.display(target), target)]
     hits: dict[str, FileHits] = {}

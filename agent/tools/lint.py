@@ -73,8 +73,12 @@ def new_python_problems(before: str | None, after: str, filename: str) -> list[s
         diags_after = _ruff_json(after, filename)
         diags_before = fut_before.result() if fut_before else []
     seen = Counter(k for k, _ in keyed(before or "", diags_before))
+    # A file that did not parse before has no trustworthy baseline: only syntax errors count then.
+    broken_before = any(d.get("code") in (None, "invalid-syntax", "E999") for d in diags_before)
     new = []
     for key, d in keyed(after, diags_after):
+        if broken_before and d.get("code") not in (None, "invalid-syntax", "E999"):
+            continue
         if seen[key] > 0:
             seen[key] -= 1
             continue
