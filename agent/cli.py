@@ -1,5 +1,10 @@
 """`composer-agent`: the entry point. Flags live here and nowhere else.
 
+    composer-agent [options]                 interactive, in the current repository
+    composer-agent --task "TEXT" [--json]    headless
+    composer-agent index [--rebuild]         build or refresh the semantic search index
+    composer-agent search "QUERY" [-k N] [--json]
+
 Heavy modules are imported only inside the code paths that need them, so `--help` and `--version`
 stay fast.
 """
@@ -8,24 +13,89 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from agent import __version__
+
+SUBCOMMANDS = {"index": "main_index", "search": "main_search"}
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="composer-agent",
-        description="Composer: a fast, local-first coding agent.",
+        description="Composer: a fast, local-first coding agent. Without --task it opens the interactive "
+                    "interface in the current repository.",
+        epilog="Subcommands: `composer-agent index [--rebuild]`, `composer-agent search QUERY [-k N] [--json]`.",
     )
     p.add_argument("--version", action="version", version=f"composer-agent {__version__}")
+    p.add_argument("--task", metavar="TEXT", help="run this task headless and print the final answer")
+    p.add_argument("--cwd", metavar="DIR", type=Path, help="workspace root (default: the current directory)")
+    p.add_argument("--json", action="store_true", help="headless: print one JSON event per line on stdout")
+    p.add_argument("--resume", metavar="ID|last", help="continue a saved session")
+    p.add_argument("--approval", choices=["auto", "ask", "read-only"],
+                   help="which tool calls need a yes (headless: auto or read-only; default auto)")
+    p.add_argument("--sandbox", action="store_true", default=None,
+                   help="run shell commands under bubblewrap: no network, writes only in the workspace")
+    m = p.add_argument_group("model server")
+    m.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
+    m.add_argument("--model", help="model name (default: the first one the server lists)")
+    m.add_argument("--api-key", help="API key (or COMPOSER_API_KEY)")
+    m.add_argument("--context-window", type=int, metavar="TOKENS",
+                   help="context size (default: the server's, else 128k); summarised at 80%%")
+    lim = p.add_argument_group("limits")
+    lim.add_argument("--max-turns", type=int, metavar="N", help="model requests per task (default 100)")
+    lim.add_argument("--max-time", type=float, metavar="SECONDS", help="wall-clock limit per task")
+    lim.add_argument("--token-budget", type=int, metavar="N", help="prompt + completion tokens per task")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in SUBCOMMANDS:
+        return _subcommand(argv[0], argv[1:])
     parser = build_parser()
-    parser.parse_args(argv)
-    parser.print_help()
-    return 0
+    args = parser.parse_args(argv)
+
+    from agent.config import ConfigError, load_config
+
+    root = (args.cwd or Path.cwd()).resolve()
+    if not root.is_dir():
+        parser.error(f"--cwd {args.cwd} is not a directory")
+    flags = {"base_url": args.base_url, "model": args.model, "api_key": args.api_key,
+             "context_window": args.context_window, "max_turns": args.max_turns, "max_time_s": args.max_time,
+             "token_budget": args.token_budget, "approval": args.approval, "sandbox": args.sandbox}
+    try:
+        config = load_config(root, flags)
+    except ConfigError as e:
+        print(f"composer-agent: error: {e}", file=sys.stderr)
+        return 2
+    if args.task is not None or args.json:
+        if args.task is not None and not args.task.strip():
+            parser.error("--task is empty")
+        from agent import headless
+
+        return headless.run(config, root, args.task, as_json=args.json, resume=args.resume)
+    print("composer-agent: the interactive interface is not available in this build; "
+          "run a task headless with --task \"...\"", file=sys.stderr)
+    return 2
+
+
+def _subcommand(name: str, rest: list[str]) -> int:
+    try:
+        import index.cli as index_cli
+    except ImportError as e:
+        print(f"composer-agent {name}: semantic search is not installed ({e}); "
+              "install the `index` extra: pip install -e '.[index]'", file=sys.stderr)
+        return 2
+    root = Path.cwd()
+    if "--cwd" in rest:
+        i = rest.index("--cwd")
+        if i + 1 >= len(rest):
+            print(f"composer-agent {name}: --cwd needs a directory", file=sys.stderr)
+            return 2
+        root = Path(rest[i + 1])
+        rest = rest[:i] + rest[i + 2:]
+    return getattr(index_cli, SUBCOMMANDS[name])(rest, root.resolve())
 
 
 if __name__ == "__main__":

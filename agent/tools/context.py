@@ -74,7 +74,7 @@ class Workspace:
             base.mkdir(parents=True, exist_ok=True)
             (base / ".gitignore").write_text(
                 "# Composer's state (sessions, index, logs) stays out of git; config.toml may be shared.\n"
-                "*\n!.gitignore\n!config.toml\n"
+                "*\n!config.toml\n"
             )
         d = base.joinpath(*sub)
         d.mkdir(parents=True, exist_ok=True)

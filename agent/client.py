@@ -1,0 +1,346 @@
+"""The model client: OpenAI-compatible chat completions, streamed, with retries and clear errors.
+
+`OpenAIClient.complete()` streams one assistant turn. Content deltas go through the text-format
+parser (agent.toolcall_text) on the way, so `<think>` blocks become reasoning and tool calls that a
+server left inside `content` (Hermes or Qwen3-Coder text) become real tool calls; servers that stream
+structured `tool_calls` are read directly. Each tool call is handed to `on_tool_call` as soon as it is
+complete, so the loop can start running it while the model is still streaming.
+
+Errors: connection failures, 429 and 5xx are retried with exponential backoff (Retry-After honoured);
+401/403, 404 and unknown models are not, and come out as ModelError(kind="config"), which front-ends
+report in one line and exit 2 on. A 400 that says the prompt is too long is kind="context_overflow"
+(the loop summarises and tries again).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from agent.config import Config
+from agent.protocol import Message, Usage
+from agent.toolcall_text import StreamParser
+from agent.tools.executor import ToolCall
+
+RETRY_STATUSES = {408, 409, 429, 500, 502, 503, 504}
+
+
+class ModelError(Exception):
+    """kind: config | context_overflow | request | server | interrupted."""
+
+    def __init__(self, message: str, kind: str, status: int | None = None, partial: ModelTurn | None = None):
+        super().__init__(message)
+        self.kind = kind
+        self.status = status
+        self.partial = partial
+
+
+@dataclass
+class ModelTurn:
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    finish_reason: str | None = None
+    usage: Usage = field(default_factory=Usage)
+    ttft_s: float = 0.0
+    duration_s: float = 0.0
+
+
+@dataclass
+class StreamCallbacks:
+    on_text: Callable[[str], None] = lambda text: None
+    on_reasoning: Callable[[str], None] = lambda text: None
+    on_tool_call: Callable[[ToolCall], None] = lambda call: None
+    on_retry: Callable[[int, float, str], None] = lambda attempt, delay, reason: None
+
+
+class Model(Protocol):
+    """What the loop needs from a model: one streamed assistant turn per call."""
+
+    name: str
+
+    def complete(self, messages: list[Message], tools: list[dict[str, Any]] | None,
+                 cb: StreamCallbacks, cancel: threading.Event) -> ModelTurn: ...
+
+
+def estimate_tokens(obj: Any) -> int:
+    """A rough token count (4 chars per token) for servers that report no usage."""
+    text = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False)
+    return max(1, len(text) // 4)
+
+
+class _Transient(Exception):
+    def __init__(self, reason: str, retry_after: float | None = None):
+        super().__init__(reason)
+        self.retry_after = retry_after
+
+
+class OpenAIClient:
+    def __init__(self, config: Config):
+        import httpx  # lazily: keeps `composer-agent --help` fast
+
+        self._httpx = httpx
+        self.config = config
+        self.base_url = config.base_url
+        self.name = config.model or ""
+        headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+        self.http = httpx.Client(headers=headers, timeout=httpx.Timeout(
+            connect=10.0, read=config.request_timeout_s, write=60.0, pool=10.0))
+        self._response: Any = None
+
+    # -- start-up check -------------------------------------------------------------------------------
+
+    def check(self) -> tuple[str, int | None]:
+        """Reach the server, resolve the model name; return (model, server's context window or None)."""
+        url = f"{self.base_url}/models"
+        try:
+            r = self.http.get(url, timeout=15.0)
+        except self._httpx.HTTPError as e:
+            raise ModelError(f"cannot reach the model server at {url}: {_reason(e)}", "config") from None
+        if r.status_code in (401, 403):
+            raise ModelError(_auth_message(self.base_url, r), "config", r.status_code)
+        if r.status_code != 200:  # some servers have no /models: trust the configuration
+            if not self.name:
+                raise ModelError(f"{url} answered HTTP {r.status_code}; set the model with --model", "config")
+            return self.name, None
+        try:
+            models = r.json().get("data") or []
+        except (ValueError, AttributeError):
+            models = []
+        ids = [m.get("id") for m in models if isinstance(m, dict)]
+        if not self.name:
+            if not ids:
+                raise ModelError(f"the server at {self.base_url} lists no models; set --model", "config")
+            self.name = ids[0]
+        elif ids and self.name not in ids:
+            raise ModelError(f"model {self.name!r} does not exist at {self.base_url}; "
+                             f"available: {', '.join(map(str, ids))}", "config", 404)
+        card = next((m for m in models if m.get("id") == self.name), {})
+        window = card.get("max_model_len") or card.get("context_length") or card.get("context_window")
+        return self.name, int(window) if isinstance(window, int | float) else None
+
+    # -- one turn -------------------------------------------------------------------------------------
+
+    def complete(self, messages: list[Message], tools: list[dict[str, Any]] | None,
+                 cb: StreamCallbacks, cancel: threading.Event) -> ModelTurn:
+        body: dict[str, Any] = {"model": self.name, "messages": messages, "stream": True,
+                                "stream_options": {"include_usage": True}}
+        if tools:
+            body |= {"tools": tools, "tool_choice": "auto", "parallel_tool_calls": True}
+        if self.config.temperature is not None:
+            body["temperature"] = self.config.temperature
+        if self.config.max_output_tokens is not None:
+            body["max_tokens"] = self.config.max_output_tokens
+        attempt = 0
+        while True:
+            try:
+                return self._stream(body, tools, cb, cancel)
+            except _Transient as e:
+                attempt += 1
+                if attempt > self.config.max_retries:
+                    raise ModelError(f"{e} (gave up after {self.config.max_retries} retries)", "server") from None
+                delay = e.retry_after if e.retry_after is not None else min(30.0, 0.5 * 2 ** (attempt - 1))
+                cb.on_retry(attempt, delay, str(e))
+                if cancel.wait(delay):
+                    raise ModelError("interrupted", "interrupted") from None
+
+    def interrupt(self) -> None:
+        """Unblock a stream waiting on the network (called from another thread)."""
+        r = self._response
+        if r is not None:
+            try:
+                r.close()
+            except Exception:  # noqa: BLE001 - closing a dying stream may fail in many ways
+                pass
+
+    def _stream(self, body, tools, cb: StreamCallbacks, cancel: threading.Event) -> ModelTurn:
+        httpx = self._httpx
+        url = f"{self.base_url}/chat/completions"
+        start = time.monotonic()
+        acc = _Accumulator(tools, cb, start)
+        try:
+            with self.http.stream("POST", url, json=body) as r:
+                self._response = r
+                if r.status_code != 200:
+                    r.read()
+                    self._raise_for_status(r)
+                if "text/event-stream" not in r.headers.get("content-type", "text/event-stream"):
+                    acc.whole_response(json.loads(r.read()))
+                else:
+                    for line in r.iter_lines():
+                        if cancel.is_set():
+                            raise ModelError("interrupted", "interrupted", partial=acc.finish(body))
+                        if not line.startswith("data:"):
+                            continue
+                        data = line[5:].strip()
+                        if data == "[DONE]":
+                            break
+                        try:
+                            acc.chunk(json.loads(data))
+                        except json.JSONDecodeError:
+                            continue
+        except ModelError:
+            raise
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError,
+                httpx.ReadTimeout, httpx.WriteError, httpx.PoolTimeout) as e:
+            if cancel.is_set():
+                raise ModelError("interrupted", "interrupted", partial=acc.finish(body)) from None
+            raise _Transient(f"{type(e).__name__} talking to {url}: {_reason(e)}") from None
+        finally:
+            self._response = None
+        return acc.finish(body)
+
+    def _raise_for_status(self, r) -> None:
+        status, message = r.status_code, _error_message(r)
+        if status in RETRY_STATUSES or status >= 500:
+            retry_after = r.headers.get("retry-after")
+            delay = float(retry_after) if retry_after and retry_after.replace(".", "").isdigit() else None
+            raise _Transient(f"HTTP {status} from {self.base_url}: {message}", delay)
+        if status in (401, 403):
+            raise ModelError(_auth_message(self.base_url, r), "config", status)
+        if status == 404:
+            if "model" in message.lower():
+                raise ModelError(f"model {self.name!r} does not exist at {self.base_url}: {message}", "config", 404)
+            raise ModelError(f"HTTP 404 from {self.base_url}/chat/completions: {message} "
+                             "(base_url should end with the API version, e.g. /v1)", "config", 404)
+        lowered = message.lower()
+        if status == 400 and "context" in lowered and any(w in lowered for w in ("length", "maximum", "long")):
+            raise ModelError(f"the prompt is too long for the model: {message}", "context_overflow", 400)
+        raise ModelError(f"HTTP {status} from {self.base_url}: {message}", "request", status)
+
+
+class _Accumulator:
+    """Builds a ModelTurn from streamed chunks (or one whole response)."""
+
+    def __init__(self, tools, cb: StreamCallbacks, start: float):
+        self.cb = cb
+        self.start = start
+        self.first: float | None = None
+        self.parser = StreamParser("auto", tools, reasoning=True)
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.calls: dict[int, dict[str, str]] = {}
+        self.emitted: set[int] = set()
+        self.text_calls: list[ToolCall] = []
+        self.finish_reason: str | None = None
+        self.usage: dict[str, Any] | None = None
+
+    def _mark(self) -> None:
+        if self.first is None:
+            self.first = time.monotonic()
+
+    def chunk(self, obj: dict[str, Any]) -> None:
+        if obj.get("usage"):
+            self.usage = obj["usage"]
+        for choice in obj.get("choices") or []:
+            delta = choice.get("delta") or {}
+            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+            if reasoning:
+                self._mark()
+                self.reasoning.append(reasoning)
+                self.cb.on_reasoning(reasoning)
+            if delta.get("content"):
+                self._mark()
+                self._parse(self.parser.feed(delta["content"]))
+            for tc in delta.get("tool_calls") or []:
+                self._mark()
+                self._tool_delta(tc)
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+
+    def whole_response(self, obj: dict[str, Any]) -> None:
+        self.usage = obj.get("usage")
+        choice = (obj.get("choices") or [{}])[0]
+        msg = choice.get("message") or {}
+        self.chunk({"choices": [{"delta": {"content": msg.get("content"),
+                                           "reasoning_content": msg.get("reasoning_content"),
+                                           "tool_calls": [dict(tc, index=i) for i, tc in
+                                                          enumerate(msg.get("tool_calls") or [])]},
+                                 "finish_reason": choice.get("finish_reason")}]})
+
+    def _tool_delta(self, tc: dict[str, Any]) -> None:
+        idx = tc.get("index")
+        if idx is None:
+            idx = max(self.calls, default=0) if self.calls and not tc.get("id") else len(self.calls)
+        for earlier in [i for i in self.calls if i < idx and i not in self.emitted]:
+            self._emit_structured(earlier)
+        slot = self.calls.setdefault(idx, {"id": "", "name": "", "arguments": ""})
+        if tc.get("id"):
+            slot["id"] = tc["id"]
+        fn = tc.get("function") or {}
+        if fn.get("name"):
+            slot["name"] = fn["name"] if not slot["name"] else slot["name"] + fn["name"]
+        if fn.get("arguments"):
+            args = fn["arguments"]
+            slot["arguments"] += args if isinstance(args, str) else json.dumps(args)
+
+    def _emit_structured(self, idx: int) -> None:
+        self.emitted.add(idx)
+        slot = self.calls[idx]
+        slot["id"] = slot["id"] or new_call_id()
+        self.cb.on_tool_call(ToolCall(slot["id"], slot["name"], slot["arguments"]))
+
+    def _parse(self, items) -> None:
+        for it in items:
+            if it.kind == "content":
+                self.content.append(it.text)
+                self.cb.on_text(it.text)
+            elif it.kind == "reasoning":
+                self.reasoning.append(it.text)
+                self.cb.on_reasoning(it.text)
+            elif it.call is not None:
+                call = ToolCall(new_call_id(), it.call.name, it.call.arguments)
+                self.text_calls.append(call)
+                self.cb.on_tool_call(call)
+
+    def finish(self, body: dict[str, Any]) -> ModelTurn:
+        self._parse(self.parser.close())
+        for idx in sorted(self.calls):
+            if idx not in self.emitted:
+                self._emit_structured(idx)
+        calls = [ToolCall(s["id"], s["name"], s["arguments"]) for _, s in sorted(self.calls.items())]
+        calls += self.text_calls
+        content = "".join(self.content)
+        if self.text_calls:
+            content = content.strip()
+        end = time.monotonic()
+        if self.usage:
+            usage = Usage(int(self.usage.get("prompt_tokens") or 0), int(self.usage.get("completion_tokens") or 0))
+        else:
+            usage = Usage(estimate_tokens(body.get("messages", [])) + estimate_tokens(body.get("tools") or []),
+                          estimate_tokens(content + "".join(self.reasoning)) + sum(
+                              estimate_tokens(c.arguments) for c in calls), estimated=True)
+        return ModelTurn(content, "".join(self.reasoning), calls, self.finish_reason, usage,
+                         (self.first or end) - self.start, end - self.start)
+
+
+def new_call_id() -> str:
+    return "call_" + secrets.token_hex(8)
+
+
+def _reason(e: Exception) -> str:
+    text = str(e) or type(e).__name__
+    return text.split("] ")[-1] if "Errno" in text else text
+
+
+def _error_message(r) -> str:
+    try:
+        data = r.json()
+    except ValueError:
+        return (r.text or "").strip()[:300] or r.reason_phrase
+    if isinstance(data, dict):
+        err = data.get("error", data.get("detail", data))
+        if isinstance(err, dict):
+            return str(err.get("message") or err)[:300]
+        return str(err)[:300]
+    return str(data)[:300]
+
+
+def _auth_message(base_url: str, r) -> str:
+    return (f"the server at {base_url} refused the request (HTTP {r.status_code}: {_error_message(r)}); "
+            "check --api-key / COMPOSER_API_KEY")

@@ -1,0 +1,116 @@
+"""Agent configuration: one dataclass, validated at construction, filled from four places.
+
+Strongest first: command-line flags, environment (`COMPOSER_BASE_URL`, `COMPOSER_MODEL`,
+`COMPOSER_API_KEY`, `COMPOSER_CONTEXT_WINDOW`), the repository's `.composer/config.toml`, the user's
+`~/.config/composer/config.toml` (or `$XDG_CONFIG_HOME/composer/config.toml`). Config files use the
+field names below as top-level keys, plus an optional `[lint]` table mapping globs to commands.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+APPROVALS = ("auto", "ask", "read-only")
+ENV = {"base_url": "COMPOSER_BASE_URL", "model": "COMPOSER_MODEL", "api_key": "COMPOSER_API_KEY",
+       "context_window": "COMPOSER_CONTEXT_WINDOW"}
+DEFAULT_CONTEXT_WINDOW = 128_000
+
+
+class ConfigError(ValueError):
+    """A configuration or usage error: reported in one line, exit code 2."""
+
+
+@dataclass
+class Config:
+    base_url: str = "http://127.0.0.1:8000/v1"
+    """OpenAI-compatible endpoint, up to and including the version segment (…/v1)."""
+    model: str | None = None
+    """Model name; None picks the first model the server lists."""
+    api_key: str | None = None
+    """Bearer token for the server, if it needs one."""
+    context_window: int | None = None
+    """Tokens the model can attend to; None asks the server (`max_model_len`), else 128k."""
+    summarize_at: float = 0.8
+    """Fraction of the context window at which the conversation is summarised."""
+    max_turns: int = 100
+    """Model requests per run before it stops with status max_turns."""
+    max_time_s: float | None = None
+    """Wall-clock limit for a run, in seconds."""
+    token_budget: int | None = None
+    """Limit on prompt + completion tokens over a run."""
+    temperature: float | None = None
+    """Sampling temperature sent to the server (None: the server's default)."""
+    max_output_tokens: int | None = None
+    """`max_tokens` per model response (None: the server's default)."""
+    approval: str = "auto"
+    """auto: tools run without asking; ask: shell and writes need a yes; read-only: they are refused."""
+    sandbox: bool = False
+    """Run shell commands under bubblewrap (no network, writes only in the workspace)."""
+    request_timeout_s: float = 600.0
+    """Longest wait for the next streamed chunk from the server."""
+    max_retries: int = 5
+    """Retries on connection errors, 429 and 5xx, with exponential backoff."""
+    linters: dict[str, str] = field(default_factory=dict)
+    """Extra linters for the lint tool: glob -> command (`{paths}` is replaced by the files)."""
+
+    def __post_init__(self) -> None:
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ConfigError(f"base_url must start with http:// or https://, got {self.base_url!r}")
+        self.base_url = self.base_url.rstrip("/")
+        if self.approval not in APPROVALS:
+            raise ConfigError(f"approval must be one of {', '.join(APPROVALS)}, got {self.approval!r}")
+        if self.context_window is not None and self.context_window < 1024:
+            raise ConfigError(f"context_window must be at least 1024 tokens, got {self.context_window}")
+        if not 0.1 <= self.summarize_at <= 0.95:
+            raise ConfigError(f"summarize_at must be between 0.1 and 0.95, got {self.summarize_at}")
+        if self.max_turns < 1:
+            raise ConfigError(f"max_turns must be at least 1, got {self.max_turns}")
+
+
+def user_config_dir() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
+    return Path(base) / "composer"
+
+
+def load_config(cwd: Path, flags: dict[str, Any] | None = None, env: dict[str, str] | None = None) -> Config:
+    """Merge user file < repo file < environment < flags (None values in flags mean "not given")."""
+    env = os.environ if env is None else env
+    merged: dict[str, Any] = {}
+    for path in (user_config_dir() / "config.toml", cwd / ".composer" / "config.toml"):
+        merged.update(_read_toml(path))
+    for key, var in ENV.items():
+        if env.get(var):
+            merged[key] = env[var]
+    merged.update({k: v for k, v in (flags or {}).items() if v is not None})
+    known = {f.name for f in fields(Config)}
+    unknown = set(merged) - known
+    if unknown:
+        raise ConfigError(f"unknown configuration key(s): {', '.join(sorted(unknown))}")
+    for key in ("context_window", "max_turns", "token_budget", "max_output_tokens", "max_retries"):
+        if isinstance(merged.get(key), str):
+            try:
+                merged[key] = int(merged[key])
+            except ValueError:
+                raise ConfigError(f"{key} must be an integer, got {merged[key]!r}") from None
+    return Config(**merged)
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError:
+        return {}
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: invalid TOML: {e}") from None
+    lint = data.pop("lint", None)
+    if lint is not None:
+        if not isinstance(lint, dict) or not all(isinstance(v, str) for v in lint.values()):
+            raise ConfigError(f"{path}: [lint] must map globs to command strings")
+        data["linters"] = lint
+    return data

@@ -1,0 +1,123 @@
+"""Headless runs: `composer-agent --task TEXT`, for CI, scripts and batch evaluation.
+
+Without --json the final answer goes to stdout and a one-line-per-tool progress log to stderr. With
+--json, stdout carries exactly one JSON event per line (agent.protocol) and nothing else; logs go to
+stderr. Exit codes: 0 finished, 1 the agent failed or hit a limit, 2 usage or configuration error
+(server unreachable, bad key, unknown model), 130 interrupted (Ctrl-C: tools killed, session saved).
+
+The agent runs in a worker thread so that Ctrl-C in the main thread can interrupt it cleanly (a
+KeyboardInterrupt raised inside the loop could tear a session record); a second Ctrl-C exits at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import TextIO
+
+from agent.approval import Approvals
+from agent.client import ModelError
+from agent.config import Config
+from agent.protocol import Event, Finished, Retrying, Summarized, ToolCallFinished, ToolCallStarted
+from agent.runtime import build
+from agent.session import SessionNotFound
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class JsonEvents:
+    def __init__(self, out: TextIO):
+        self.out = out
+        self.lock = threading.Lock()
+
+    def __call__(self, event: Event) -> None:
+        with self.lock:
+            self.out.write(event.to_json() + "\n")
+            self.out.flush()
+
+
+class Progress:
+    """A terse human log on stderr: one line per tool call, retries and summaries."""
+
+    def __init__(self, err: TextIO):
+        self.err = err
+        self.lock = threading.Lock()
+
+    def __call__(self, event: Event) -> None:
+        line = None
+        if isinstance(event, ToolCallStarted):
+            line = f"→ {event.name} {_brief(event.arguments)}"
+        elif isinstance(event, ToolCallFinished) and not event.ok:
+            line = f"  ✗ {event.name}: {event.content.removeprefix('Error: ').splitlines()[0][:160]}"
+        elif isinstance(event, Retrying):
+            line = f"… retrying in {event.delay_s:.1f} s ({event.reason})"
+        elif isinstance(event, Summarized):
+            line = f"… context summarised ({event.tokens_before} → {event.tokens_after} tokens)"
+        if line:
+            with self.lock:
+                print(line, file=self.err, flush=True)
+
+
+def _brief(args: object) -> str:
+    if isinstance(args, dict):
+        for key in ("path", "command", "pattern", "query"):
+            if key in args:
+                return str(args[key]).splitlines()[0][:120] if str(args[key]) else ""
+        return json.dumps(args)[:120]
+    return str(args)[:120]
+
+
+def run(config: Config, root: Path, task: str | None, *, as_json: bool, resume: str | None) -> int:
+    emit = JsonEvents(sys.stdout) if as_json else Progress(sys.stderr)
+    if config.approval == "ask":
+        print("composer-agent: error: --approval ask needs an interactive terminal; "
+              "headless runs use auto or read-only", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        rt = build(config, root, emit=emit, approve=Approvals(config.approval), resume=resume)
+    except ModelError as e:
+        print(f"composer-agent: error: {e}", file=sys.stderr)
+        return EXIT_USAGE if e.kind == "config" else EXIT_FAILED
+    except SessionNotFound as e:
+        print(f"composer-agent: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    result: list[Finished] = []
+    done = threading.Event()
+
+    def work() -> None:
+        try:
+            result.append(rt.agent.run(task or "Continue.", rt.system))
+        finally:
+            done.set()
+
+    # Not Thread.join(): a KeyboardInterrupt inside join() can leave is_alive() wrongly False (3.11).
+    threading.Thread(target=work, name="agent", daemon=True).start()
+    interrupted = False
+    while not done.is_set():
+        try:
+            done.wait(0.1)
+        except KeyboardInterrupt:
+            if interrupted:
+                rt.session.close()
+                os._exit(EXIT_INTERRUPTED)
+            interrupted = True
+            print("\ncomposer-agent: interrupting (Ctrl-C again to quit at once)", file=sys.stderr)
+            rt.agent.interrupt()
+    rt.session.close()
+    if not result:
+        return EXIT_FAILED
+    finished = result[0]
+    if finished.status == "completed":
+        if not as_json:
+            print(finished.final_text)
+        return EXIT_OK
+    if finished.status == "interrupted":
+        return EXIT_INTERRUPTED
+    if finished.error:
+        print(f"composer-agent: error: {finished.error}", file=sys.stderr)
+    else:
+        print(f"composer-agent: stopped: {finished.status} ({finished.turns} turns)", file=sys.stderr)
+    return EXIT_USAGE if rt.agent.error_kind == "config" else EXIT_FAILED

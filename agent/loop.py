@@ -1,0 +1,237 @@
+"""The agent loop: messages → model (streamed) → tool calls → executor → tool messages → repeat.
+
+One loop for every front-end (TUI, line mode, headless) and for RL rollouts. It stops when the model
+answers without tool calls, or at a limit (turns, wall time, tokens), or on interrupt. It emits the
+events of agent.protocol and writes the trajectory as it goes. Errors the model can act on are tool
+observations (the executor's job); errors it cannot (auth, unreachable server) end the run with
+status "error".
+
+Tool calls start while the model is still streaming: each call is submitted to the executor as soon
+as the client has it whole, and the executor keeps them in order around writers.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from agent.client import Model, ModelError, ModelTurn, StreamCallbacks, estimate_tokens
+from agent.config import Config
+from agent.context import compact, estimate_messages, summary_request
+from agent.protocol import (
+    AssistantMessage,
+    Event,
+    Finished,
+    Message,
+    ReasoningDelta,
+    Retrying,
+    Summarized,
+    TextDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+    TurnStarted,
+    UsageReport,
+    tool_call_message,
+)
+from agent.session import Session
+from agent.tools import Executor, Registry, ToolCall, ToolContext, ToolResult
+from agent.tools.executor import Approver
+
+
+class Agent:
+    def __init__(self, model: Model, registry: Registry, ctx: ToolContext, config: Config, session: Session, *,
+                 context_window: int, emit: Callable[[Event], None] = lambda e: None,
+                 approve: Approver | None = None, messages: list[Message] | None = None):
+        self.model, self.registry, self.ctx, self.config = model, registry, ctx, config
+        self.session, self.window, self.emit = session, context_window, emit
+        self.specs = registry.specs()
+        self.spec_hash = registry.spec_hash()
+        self.messages: list[Message] = list(messages or [])
+        self.cancel = threading.Event()
+        self.executor = Executor(registry, ctx, approve=approve, on_start=self._started, on_finish=self._finished)
+        self.turn = 0
+        self.prompt_tokens = self.completion_tokens = 0
+        self._last_prompt = (0, 0)  # (prompt tokens reported, number of messages they covered)
+        self._summarized_at = -1
+        self.error_kind: str | None = None
+
+    # -- public ---------------------------------------------------------------------------------------
+
+    def run(self, task: str, system: str | None = None) -> Finished:
+        start = time.monotonic()
+        self.cancel.clear()
+        self.ctx.cancel.clear()
+        if not self.messages:
+            self._append({"role": "system", "content": system or ""})
+        self._append({"role": "user", "content": task})
+        status, final, error = "completed", "", None
+        turns_at_start, tokens_at_start = self.turn, self.prompt_tokens + self.completion_tokens
+        try:
+            while True:
+                if self.cancel.is_set():
+                    status = "interrupted"
+                    break
+                limit = self._limit_hit(start, turns_at_start, tokens_at_start)
+                if limit:
+                    status = limit
+                    break
+                if (self._context_used() >= self.config.summarize_at * self.window
+                        and self._summarized_at != self.turn):
+                    self._summarize()
+                reply = self._model_turn()
+                if not reply.tool_calls:
+                    final = reply.content
+                    break
+        except ModelError as e:
+            status, error = ("interrupted", None) if e.kind == "interrupted" else ("error", str(e))
+            self.error_kind = e.kind
+        finished = Finished(status, final, self.turn - turns_at_start, time.monotonic() - start,
+                            self.prompt_tokens, self.completion_tokens, self.session.id, error)
+        self.session.write({"type": "finished", **{k: v for k, v in finished.to_dict().items() if k != "type"}})
+        self.emit(finished)
+        return finished
+
+    def interrupt(self) -> None:
+        """Stop the stream and kill running tools; the session stays consistent."""
+        self.cancel.set()
+        self.executor.cancel()
+        interrupt = getattr(self.model, "interrupt", None)
+        if interrupt:
+            interrupt()
+
+    # -- one turn -------------------------------------------------------------------------------------
+
+    def _model_turn(self, retried_overflow: bool = False) -> ModelTurn:
+        self.turn += 1
+        turn = self.turn
+        self.emit(TurnStarted(turn))
+        pending = self.executor.turn()
+        calls: list[ToolCall] = []
+
+        def on_call(call: ToolCall) -> None:
+            calls.append(call)
+            pending.submit(call)
+
+        cb = StreamCallbacks(
+            on_text=lambda t: self.emit(TextDelta(turn, t)),
+            on_reasoning=lambda t: self.emit(ReasoningDelta(turn, t)),
+            on_tool_call=on_call,
+            on_retry=lambda attempt, delay, why: self.emit(Retrying(turn, attempt, delay, why)),
+        )
+        sent = self.session.sent_count()
+        try:
+            reply = self.model.complete(self.messages, self.specs, cb, self.cancel)
+        except ModelError as e:
+            if e.kind == "context_overflow" and not retried_overflow and not calls:
+                self.turn -= 1
+                self._summarize()
+                return self._model_turn(retried_overflow=True)
+            if e.kind == "interrupted" and e.partial is not None:
+                self._assistant(turn, sent, e.partial, calls)
+                self._tool_results(turn, calls, pending.results())
+            raise
+        for call in reply.tool_calls:  # a model that returned calls without announcing them
+            if all(c.id != call.id for c in calls):
+                on_call(call)
+        self._assistant(turn, sent, reply, calls)
+        self._tool_results(turn, calls, pending.results() if calls else [])
+        return reply
+
+    def _assistant(self, turn: int, sent: int, reply: ModelTurn, calls: list[ToolCall]) -> None:
+        assistant: Message = {"role": "assistant", "content": reply.content}
+        if calls:
+            assistant["tool_calls"] = [tool_call_message(c.id, c.name, c.arguments) for c in calls]
+        self.session.write({
+            "type": "request", "turn": turn, "segment": self.session.segment, "messages": sent, "extra": [],
+            "purpose": "turn", "spec_hash": self.spec_hash, "usage": _usage(reply),
+            "timings": {"ttft_s": round(reply.ttft_s, 4), "model_s": round(reply.duration_s, 4)},
+            "finish_reason": reply.finish_reason, "reasoning": reply.reasoning,
+        })
+        self._append(assistant)
+        self.emit(AssistantMessage(turn, reply.content, assistant.get("tool_calls", [])))
+        self._account(reply, sent)
+
+    def _tool_results(self, turn: int, calls: list[ToolCall], results: list[ToolResult]) -> None:
+        for call, result in zip(calls, results, strict=True):
+            self._append({"role": "tool", "tool_call_id": call.id, "content": result.content})
+        if calls:
+            self.session.write({"type": "tools", "turn": turn, "calls": [
+                {"id": c.id, "name": c.name, "ok": r.ok, "duration_s": round(r.duration_s, 4)}
+                for c, r in zip(calls, results, strict=True)]})
+
+    def _account(self, reply: ModelTurn, sent: int) -> None:
+        u = reply.usage
+        self.prompt_tokens += u.prompt_tokens
+        self.completion_tokens += u.completion_tokens
+        self._last_prompt = (u.prompt_tokens + u.completion_tokens, sent + 1)
+        gen_s = max(1e-6, reply.duration_s - reply.ttft_s)
+        self.emit(UsageReport(self.turn, u.prompt_tokens, u.completion_tokens, self.prompt_tokens,
+                              self.completion_tokens, self.window, round(reply.ttft_s, 4),
+                              round(u.completion_tokens / gen_s, 2), u.estimated))
+
+    # -- tools' events --------------------------------------------------------------------------------
+
+    def _started(self, index: int, call: ToolCall) -> None:
+        try:
+            args: Any = json.loads(call.arguments) if isinstance(call.arguments, str) else call.arguments
+        except json.JSONDecodeError:
+            args = call.arguments
+        self.emit(ToolCallStarted(self.turn, index, call.id, call.name, args))
+
+    def _finished(self, index: int, call: ToolCall, result: ToolResult) -> None:
+        self.emit(ToolCallFinished(self.turn, index, call.id, call.name, result.ok, result.content,
+                                   round(result.duration_s, 4), result.data))
+
+    # -- context --------------------------------------------------------------------------------------
+
+    def _context_used(self) -> int:
+        tokens, covered = self._last_prompt
+        if not tokens:
+            return estimate_messages(self.messages) + estimate_tokens(self.specs)
+        return tokens + estimate_messages(self.messages[covered:])
+
+    def _summarize(self) -> None:
+        before = self._context_used()
+        request = summary_request(self.messages, self.window)
+        sent = self.session.sent_count()
+        reply = self.model.complete(request, None, StreamCallbacks(), self.cancel)
+        unchanged = request[:-1] == self.messages
+        self.session.write({
+            "type": "request", "turn": self.turn, "segment": self.session.segment,
+            "messages": sent if unchanged else 0, "extra": request[-1:] if unchanged else request,
+            "purpose": "summary", "spec_hash": None, "usage": _usage(reply),
+            "timings": {"ttft_s": round(reply.ttft_s, 4), "model_s": round(reply.duration_s, 4)},
+            "finish_reason": reply.finish_reason, "reasoning": reply.reasoning,
+        })
+        self.prompt_tokens += reply.usage.prompt_tokens
+        self.completion_tokens += reply.usage.completion_tokens
+        new = compact(self.messages, reply.content, self.window)
+        self.session.new_segment(reply.content, before)
+        self.messages = []
+        for m in new:
+            self._append(m)
+        self._last_prompt = (0, 0)
+        self._summarized_at = self.turn
+        self.emit(Summarized(self.session.segment, reply.content, before, estimate_messages(self.messages)))
+
+    def _append(self, message: Message) -> None:
+        self.messages.append(message)
+        self.session.add_message(message)
+
+    def _limit_hit(self, start: float, turns_at_start: int, tokens_at_start: int) -> str | None:
+        c = self.config
+        if self.turn - turns_at_start >= c.max_turns:
+            return "max_turns"
+        if c.max_time_s is not None and time.monotonic() - start >= c.max_time_s:
+            return "max_time"
+        if c.token_budget is not None and self.prompt_tokens + self.completion_tokens - tokens_at_start >= c.token_budget:
+            return "max_tokens"
+        return None
+
+
+def _usage(reply: ModelTurn) -> dict[str, Any]:
+    u = reply.usage
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens, "estimated": u.estimated}
