@@ -94,6 +94,13 @@ class Agent:
         self.emit(finished)
         return finished
 
+    def compact(self) -> bool:
+        """Summarise the conversation now (/compact); False when there is nothing to summarise."""
+        if len(self.messages) < 3:
+            return False
+        self._summarize()
+        return True
+
     def interrupt(self) -> None:
         """Stop the stream and kill running tools; the session stays consistent."""
         self.cancel.set()

@@ -1,0 +1,188 @@
+"""What the interactive front-ends share: slash commands, turns with checkpoints and @mentions.
+
+The TUI and the line-mode interface are views: they render agent.protocol events and call this
+controller; neither holds logic of its own. `run_turn` blocks (front-ends call it from a worker
+thread); `interrupt` may be called from any thread. Slash commands are defined once, here.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Callable
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from agent.approval import Approvals, Ask
+from agent.checkpoint import CheckpointError, Checkpoints
+from agent.client import Model, ModelError, OpenAIClient
+from agent.config import Config
+from agent.mentions import expand, repo_files
+from agent.protocol import Event, Finished, Message
+from agent.runtime import Runtime, build, sessions_dir
+from agent.session import SessionNotFound, load
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    args: str
+    help: str
+
+
+COMMANDS = [
+    Command("/help", "", "show commands and keys"),
+    Command("/clear", "", "start a new conversation (a new session)"),
+    Command("/model", "[NAME]", "show the model, or switch to NAME"),
+    Command("/resume", "[ID|last]", "list recent sessions, or continue one"),
+    Command("/index", "[--rebuild]", "build or refresh the semantic search index"),
+    Command("/compact", "", "summarise the conversation now to free context"),
+    Command("/undo", "", "restore the files the last turn changed"),
+    Command("/exit", "", "quit"),
+]
+KEYS = [("Enter", "send"), ("Shift+Enter / Ctrl+J", "new line"), ("Up / Down", "history"),
+        ("@", "mention a file"), ("Esc / Ctrl+C", "interrupt the running turn"), ("Ctrl+D", "quit")]
+
+
+@dataclass
+class Outcome:
+    """What a slash command did, for the front-end to show."""
+
+    text: str = ""
+    exit: bool = False
+    clear: bool = False  # the transcript starts over
+    replay: list[Message] = field(default_factory=list)  # a resumed conversation to show
+    error: bool = False
+
+
+def help_text() -> str:
+    width = max(len(f"{c.name} {c.args}".strip()) for c in COMMANDS)
+    lines = ["Commands:"] + [f"  {f'{c.name} {c.args}'.strip():<{width}}  {c.help}" for c in COMMANDS]
+    lines += ["Keys:"] + [f"  {k:<{width}}  {v}" for k, v in KEYS]
+    return "\n".join(lines)
+
+
+class Interactive:
+    def __init__(self, config: Config, root: Path, *, emit: Callable[[Event], None], ask: Ask | None = None,
+                 model: Model | None = None, resume: str | None = None):
+        self.config, self.root, self.emit, self.ask = config, root, emit, ask
+        self._given_model = model
+        self.approvals = Approvals(config.approval, ask)
+        self.rt: Runtime = self._build(resume)
+        self.checkpoints = Checkpoints(root)
+        self._note = ""
+        self._files: list[str] | None = None
+        self.turn_started_at: float | None = None
+
+    def _build(self, resume: str | None) -> Runtime:
+        return build(self.config, self.root, emit=self.emit, approve=self.approvals, resume=resume,
+                     model=self._given_model)
+
+    # -- turns ----------------------------------------------------------------------------------------
+
+    @property
+    def model_name(self) -> str:
+        return self.rt.model.name
+
+    def files(self, refresh: bool = False) -> list[str]:
+        """Candidates for @ completion (cached; refreshed after each turn)."""
+        if self._files is None or refresh:
+            self._files = repo_files(self.root)
+        return self._files
+
+    def run_turn(self, text: str) -> Finished:
+        """Run one user turn to completion (blocking). Files are checkpointed first for /undo."""
+        expanded, _ = expand(text, self.rt.agent.ctx)
+        if self._note:
+            expanded, self._note = f"{self._note}\n\n{expanded}", ""
+        try:
+            self.checkpoints.snapshot(text[:72])
+        except CheckpointError:
+            pass  # no git binary or an unwritable workspace: the turn still runs, /undo will say so
+        self.turn_started_at = time.monotonic()
+        try:
+            return self.rt.agent.run(expanded, self.rt.system)
+        finally:
+            self.turn_started_at = None
+            self._files = None
+
+    def interrupt(self) -> None:
+        self.rt.agent.interrupt()
+
+    def close(self) -> None:
+        self.rt.session.close()
+
+    # -- slash commands -------------------------------------------------------------------------------
+
+    def command(self, line: str) -> Outcome:
+        name, _, arg = line.strip().partition(" ")
+        arg = arg.strip()
+        handler = {"/help": lambda: Outcome(help_text()), "/exit": lambda: Outcome("Bye.", exit=True),
+                   "/quit": lambda: Outcome("Bye.", exit=True), "/clear": self._clear,
+                   "/model": lambda: self._model(arg), "/resume": lambda: self._resume(arg),
+                   "/index": lambda: self._index(arg), "/compact": self._compact, "/undo": self._undo}.get(name)
+        if handler is None:
+            return Outcome(f"Unknown command {name}. Type /help for the list.", error=True)
+        try:
+            return handler()
+        except (ModelError, SessionNotFound, CheckpointError) as e:
+            return Outcome(str(e), error=True)
+
+    def _clear(self) -> Outcome:
+        self.rt.session.close()
+        self.rt = self._build(None)
+        self.checkpoints.stack.clear()
+        return Outcome(f"New session {self.rt.session.id}.", clear=True)
+
+    def _model(self, name: str) -> Outcome:
+        if not name:
+            return Outcome(f"Model: {self.model_name} at {self.config.base_url}")
+        client = OpenAIClient(replace(self.config, model=name))
+        client.check()
+        self.rt.agent.model = self.rt.model = client
+        self.config = replace(self.config, model=name)
+        return Outcome(f"Switched to {name}.")
+
+    def _resume(self, which: str) -> Outcome:
+        if not which:
+            return Outcome(self.recent_sessions())
+        self.rt.session.close()
+        self.rt = self._build(which)
+        self.checkpoints.stack.clear()
+        shown = [m for m in self.rt.agent.messages if m.get("role") in ("user", "assistant")]
+        return Outcome(f"Resumed session {self.rt.session.id}.", clear=True, replay=shown)
+
+    def recent_sessions(self, n: int = 10) -> str:
+        folder = sessions_dir(self.root)
+        files = sorted(folder.glob("*.jsonl"), key=lambda p: p.stat().st_mtime, reverse=True)[:n]
+        if not files:
+            return "No saved sessions yet."
+        lines = ["Recent sessions (/resume ID):"]
+        for path in files:
+            data = load(path)
+            first = next((m["content"] for m in data.messages if m.get("role") == "user"), "")
+            lines.append(f"  {path.stem}  {str(first).splitlines()[0][:60] if first else '(empty)'}")
+        return "\n".join(lines)
+
+    def _index(self, arg: str) -> Outcome:
+        try:
+            import index.cli as index_cli
+        except ImportError:
+            return Outcome("Semantic search is not installed (pip install -e '.[index]').", error=True)
+        out = io.StringIO()
+        with redirect_stdout(out), redirect_stderr(out):
+            code = index_cli.main_index(arg.split() if arg else [], self.root)
+        return Outcome(out.getvalue().strip() or "Index is up to date.", error=code != 0)
+
+    def _compact(self) -> Outcome:
+        if not self.rt.agent.compact():
+            return Outcome("Nothing to compact yet.")
+        return Outcome("Conversation summarised.")
+
+    def _undo(self) -> Outcome:
+        changed = self.checkpoints.undo()
+        if not changed:
+            return Outcome("The last turn changed no files.")
+        self._note = "(The user undid the file changes of the previous turn: " + ", ".join(changed[:20]) + ".)"
+        return Outcome("Restored: " + ", ".join(changed))
