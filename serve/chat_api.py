@@ -1,0 +1,252 @@
+"""POST /v1/chat/completions: render with the chat template, generate, parse tool calls, answer.
+
+tool_choice: "none" renders no tools and parses none; "auto" renders them and parses whatever the
+model writes; "required" and a named function prefill the start of a tool call after the generation
+prompt (`ChatFormat.forced_call_prefix`), so the model can only continue a call — a constraint without
+a grammar engine (the model may still write malformed arguments, which then come back as content).
+parallel_tool_calls=false keeps the first call and stops generating after it.
+Streaming emits content and reasoning deltas as they become certain and each tool call whole, as soon
+as its closing tag arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from serve.api import ServerState, request_id
+from serve.chat_format import ChatFormatError
+from serve.engine.base import SamplingParams
+from serve.generation import Finish, run_choice
+from serve.schemas import APIError, ChatCompletionRequest, NamedToolChoice
+
+DISCONNECT_CHECK_EVERY = 32
+
+
+@dataclass
+class Prepared:
+    prompt_text: str
+    prefix: str
+    prompt_ids: list[int]
+    tools: list[dict[str, Any]] | None  # the tools rendered and parsed (None for tool_choice "none")
+    params: SamplingParams
+    stop: list[str]
+    parallel: bool
+
+
+@dataclass
+class ChoiceOut:
+    content: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float | None] = field(default_factory=list)
+    finish_reason: str = "stop"
+    completion_tokens: int = 0
+
+
+def prepare(state: ServerState, req: ChatCompletionRequest) -> Prepared:
+    state.check_model(req.model)
+    messages = [m.model_dump(exclude_none=True) for m in req.messages]
+    tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+    choice = req.tool_choice if req.tool_choice is not None else ("auto" if tools else "none")
+    forced: str | None = None
+    if isinstance(choice, NamedToolChoice):
+        names = [t["function"]["name"] for t in tools or []]
+        if choice.function.name not in names:
+            raise APIError(400, f"tool_choice names the function {choice.function.name!r}, which is not in tools",
+                           param="tool_choice")
+        forced = choice.function.name
+    elif choice == "required" and not tools:
+        raise APIError(400, "tool_choice 'required' needs at least one tool", param="tool_choice")
+    rendered_tools = tools if choice != "none" else None
+    try:
+        prompt_text = state.chat.render(messages, rendered_tools, True, **(req.chat_template_kwargs or {}))
+    except ChatFormatError as e:
+        raise APIError(400, str(e), param="messages") from None
+    prefix = state.chat.forced_call_prefix(forced) if (forced or choice == "required") else ""
+    prompt_ids = state.chat.encode(prompt_text + prefix)
+    params = state.sampling(req, len(prompt_ids), req.max_completion_tokens or req.max_tokens, req.logprobs)
+    return Prepared(prompt_text, prefix, prompt_ids, rendered_tools, params, req.stop_list(), req.parallel_tool_calls)
+
+
+async def choice_events(state: ServerState, p: Prepared, params: SamplingParams, request: Request
+                        ) -> AsyncIterator[tuple[str, Any]]:
+    """("content"|"reasoning", text), ("tool_call", dict), ("tokens", (ids, logprobs)), ("finish", ChoiceOut)."""
+    parser = state.chat.stream_parser(p.tools, parse_tools=p.tools is not None, prompt_text=p.prompt_text)
+    out = ChoiceOut()
+    pending = parser.feed(p.prefix) if p.prefix else []
+    seen = 0
+    gen = run_choice(state.engine, state.chat.tokenizer, p.prompt_ids, params, p.stop, state.metrics)
+    stop_early = False
+    try:
+        async for piece in gen:
+            if isinstance(piece, Finish):
+                out.finish_reason, out.completion_tokens = piece.reason, piece.completion_tokens
+                break
+            out.token_ids += piece.token_ids
+            out.logprobs += piece.logprobs
+            yield "tokens", (piece.token_ids, piece.logprobs)
+            for item in pending + (parser.feed(piece.text) if piece.text else []):
+                if stop_early:
+                    break
+                event, stop_early = _route(item, out, p.parallel)
+                if event:
+                    yield event
+            pending = []
+            seen += 1
+            if stop_early or (seen % DISCONNECT_CHECK_EVERY == 0 and await request.is_disconnected()):
+                out.completion_tokens = len(out.token_ids)
+                break
+    finally:
+        await gen.aclose()
+    for item in pending + parser.close():
+        if stop_early:
+            break
+        event, stop_early = _route(item, out, p.parallel)
+        if event:
+            yield event
+    if out.tool_calls:
+        out.finish_reason = "tool_calls"
+    yield "finish", out
+
+
+def _route(item, out: ChoiceOut, parallel: bool) -> tuple[tuple[str, Any] | None, bool]:
+    """Record a parsed item; returns (event to emit or None, whether to stop generating)."""
+    if item.kind in ("content", "reasoning"):
+        (out.content if item.kind == "content" else out.reasoning).append(item.text)
+        return (item.kind, item.text), False
+    if item.call is None or (out.tool_calls and not parallel):
+        return None, not parallel
+    call = {"id": "call_" + secrets.token_hex(8), "type": "function",
+            "function": {"name": item.call.name, "arguments": item.call.arguments}}
+    out.tool_calls.append(call)
+    return ("tool_call", call), not parallel
+
+
+def per_choice_params(params: SamplingParams, i: int) -> SamplingParams:
+    return params if params.seed is None or i == 0 else replace(params, seed=params.seed + i)
+
+
+async def chat_completion(state: ServerState, req: ChatCompletionRequest, request: Request):
+    p = prepare(state, req)
+    rid, created = request_id("chatcmpl"), int(time.time())
+    if req.stream:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return StreamingResponse(_stream(state, req, p, request, rid, created, include_usage),
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    outs = await asyncio.gather(*(_collect(state, p, per_choice_params(p.params, i), request) for i in range(req.n)))
+    choices = []
+    for i, out in enumerate(outs):
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(out.content).strip() if out.tool_calls
+                                   else "".join(out.content)}
+        if out.reasoning:
+            message["reasoning_content"] = "".join(out.reasoning)
+        if out.tool_calls:
+            message["tool_calls"] = out.tool_calls
+        choice: dict[str, Any] = {"index": i, "message": message, "finish_reason": out.finish_reason,
+                                  "logprobs": _logprobs(state, out) if req.logprobs else None}
+        if req.return_token_ids:
+            choice["token_ids"] = out.token_ids
+        choices.append(choice)
+    completion = sum(o.completion_tokens for o in outs)
+    body: dict[str, Any] = {"id": rid, "object": "chat.completion", "created": created, "model": state.served_name,
+                            "choices": choices, "usage": _usage(len(p.prompt_ids), completion)}
+    if req.return_token_ids:
+        body["prompt_token_ids"] = p.prompt_ids
+    state.metrics.requests.labels("/v1/chat/completions", "200").inc()
+    return body
+
+
+async def _collect(state: ServerState, p: Prepared, params: SamplingParams, request: Request) -> ChoiceOut:
+    out = ChoiceOut()
+    async for kind, value in choice_events(state, p, params, request):
+        if kind == "finish":
+            out = value
+    return out
+
+
+def _logprobs(state: ServerState, out: ChoiceOut) -> dict[str, Any]:
+    content = []
+    for tid, lp in zip(out.token_ids, out.logprobs, strict=False):
+        text = state.chat.tokenizer.decode([tid], skip_special_tokens=False)
+        content.append({"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": []})
+    return {"content": content}
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+async def _stream(state: ServerState, req: ChatCompletionRequest, p: Prepared, request: Request, rid: str,
+                  created: int, include_usage: bool) -> AsyncIterator[bytes]:
+    base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": state.served_name}
+
+    def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        return f"data: {json.dumps(base | {'choices': choices} | extra, ensure_ascii=False)}\n\n".encode()
+
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def produce(i: int) -> None:
+        calls = 0
+        ids: list[int] = []
+        try:
+            async for kind, value in choice_events(state, p, per_choice_params(p.params, i), request):
+                if kind == "tokens":
+                    ids += value[0]
+                    continue
+                if kind == "finish":
+                    final = {"index": i, "delta": {}, "logprobs": None, "finish_reason": value.finish_reason}
+                    if req.return_token_ids:
+                        final["token_ids"] = ids
+                    await queue.put(("done", final, value.completion_tokens))
+                    return
+                if kind == "tool_call":
+                    delta = {"tool_calls": [dict(value, index=calls)]}
+                    calls += 1
+                elif kind == "reasoning":
+                    delta = {"reasoning_content": value}
+                else:
+                    delta = {"content": value}
+                if kind != "tool_call" and not value:
+                    continue
+                c = {"index": i, "delta": delta, "logprobs": None, "finish_reason": None}
+                if req.return_token_ids:
+                    c["token_ids"], ids = ids, []
+                await queue.put(("chunk", c, 0))
+        except Exception as e:  # noqa: BLE001 - reported in-stream: headers are already sent
+            await queue.put(("error", str(e), 0))
+
+    tasks = [asyncio.create_task(produce(i)) for i in range(req.n)]
+    try:
+        first: dict[str, Any] = {}
+        if req.return_token_ids:
+            first["prompt_token_ids"] = p.prompt_ids
+        yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                      "finish_reason": None} for i in range(req.n)], **first)
+        done, completion = 0, 0
+        while done < req.n:
+            kind, value, n = await queue.get()
+            if kind == "error":
+                yield f"data: {json.dumps(APIError(500, value, type='server_error').body())}\n\n".encode()
+                break
+            if kind == "done":
+                done += 1
+                completion += n
+            yield chunk([value])
+        if include_usage:
+            yield chunk([], usage=_usage(len(p.prompt_ids), completion))
+        yield b"data: [DONE]\n\n"
+        state.metrics.requests.labels("/v1/chat/completions", "200").inc()
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

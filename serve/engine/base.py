@@ -1,0 +1,69 @@
+"""The engine interface: an async stream of generated token ids for one request.
+
+Batching, scheduling and memory are each engine's business; the API layer only renders prompts,
+submits them and turns ids back into text. Closing the stream (a client that went away) cancels the
+request and frees its slot.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    """How to pick tokens. temperature 0 means greedy."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    stop_token_ids: list[int] = field(default_factory=list)
+    logprobs: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError("max_tokens must be at least 1")
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+
+
+@dataclass
+class GenToken:
+    id: int
+    logprob: float | None = None
+
+
+@dataclass
+class EngineStats:
+    running: int = 0
+    waiting: int = 0
+    kv_cache_usage: float = 0.0  # fraction of KV-cache blocks in use (0 for engines without paging)
+    prefix_cache_hits: int = 0
+    prefix_cache_queries: int = 0
+
+
+class Engine(ABC):
+    name: str = "engine"
+    max_model_len: int
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        pass
+
+    async def stop(self) -> None:  # noqa: B027 - optional hook
+        pass
+
+    @abstractmethod
+    def generate(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[GenToken]:
+        """Yield generated tokens; stop tokens are yielded too (the caller decides what to show)."""
+
+    def stats(self) -> EngineStats:
+        return EngineStats()
+
+    def weight_bytes(self) -> int:
+        return 0

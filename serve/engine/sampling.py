@@ -1,0 +1,51 @@
+"""Choosing the next token from logits: greedy, temperature, top-k, top-p, seeded per request.
+
+Shared by every engine in this package so that the same request samples the same way whichever
+engine serves it. The logprob returned is the model's raw log-probability of the chosen token
+(before temperature and filtering), as vLLM reports it by default.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from serve.engine.base import SamplingParams
+
+
+def make_generator(params: SamplingParams, device: torch.device | str = "cpu") -> torch.Generator:
+    g = torch.Generator(device=device)
+    if params.seed is not None:
+        g.manual_seed(params.seed)
+    else:
+        g.seed()
+    return g
+
+
+def sample(logits_V: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> tuple[int, float | None]:
+    """Pick one token from a [V] row of logits; returns (token id, raw logprob or None)."""
+    logits_V = logits_V.float()
+    if params.temperature == 0:
+        token = int(torch.argmax(logits_V))
+    else:
+        scaled_V = logits_V / params.temperature
+        if params.top_k > 0 and params.top_k < scaled_V.numel():
+            kth = torch.topk(scaled_V, params.top_k).values[-1]
+            scaled_V = scaled_V.masked_fill(scaled_V < kth, float("-inf"))
+        probs_V = torch.softmax(scaled_V, dim=-1)
+        if params.top_p < 1.0:
+            sorted_p, order = torch.sort(probs_V, descending=True)
+            cumulative = torch.cumsum(sorted_p, dim=-1)
+            drop = cumulative - sorted_p > params.top_p  # keep the smallest set reaching top_p
+            sorted_p = sorted_p.masked_fill(drop, 0.0)
+            probs_V = torch.zeros_like(probs_V).scatter(0, order, sorted_p)
+        token = int(torch.multinomial(probs_V, 1, generator=generator))
+    logprob = float(torch.log_softmax(logits_V, dim=-1)[token]) if params.logprobs else None
+    return token, logprob
+
+
+def sample_batch(logits_BV: torch.Tensor, params: list[SamplingParams],
+                 generators: list[torch.Generator]) -> list[tuple[int, float | None]]:
+    """Rows sampled independently; all-greedy batches take one argmax."""
+    if all(p.temperature == 0 and not p.logprobs for p in params):
+        return [(int(t), None) for t in torch.argmax(logits_BV.float(), dim=-1).tolist()]
+    return [sample(logits_BV[i], p, g) for i, (p, g) in enumerate(zip(params, generators, strict=True))]

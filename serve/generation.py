@@ -1,0 +1,69 @@
+"""One choice of one request: engine tokens → text deltas (stop strings applied) → finish reason.
+
+Both endpoints and both modes (streamed or not) consume `run_choice`, so token accounting, stop
+handling and cancellation live in one place. Leaving the iteration early (a client that went away,
+parallel_tool_calls=false after the first call) closes the engine's stream, which frees the slot.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from serve.detokenizer import Detokenizer
+from serve.engine.base import Engine, SamplingParams
+from serve.metrics import Metrics
+
+
+@dataclass
+class Piece:
+    """Newly certain text and the token ids (and raw logprobs) that produced it."""
+
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float | None] = field(default_factory=list)
+
+
+@dataclass
+class Finish:
+    reason: str  # "stop" | "length"
+    completion_tokens: int
+    ttft_s: float
+
+
+async def run_choice(engine: Engine, tokenizer, prompt_ids: list[int], params: SamplingParams,
+                     stop: list[str], metrics: Metrics | None = None) -> AsyncIterator[Piece | Finish]:
+    stop_ids = set(params.stop_token_ids)
+    detok = Detokenizer(tokenizer, stop, prompt_tail=prompt_ids)
+    start = time.monotonic()
+    first: float | None = None
+    n = 0
+    reason = "length"
+    stream = engine.generate(prompt_ids, params)
+    try:
+        async for tok in stream:
+            n += 1
+            if first is None:
+                first = time.monotonic()
+            if tok.id in stop_ids:
+                reason = "stop"
+                yield Piece("", [tok.id], [tok.logprob])
+                break
+            yield Piece(detok.add(tok.id), [tok.id], [tok.logprob])
+            if detok.stopped:
+                reason = "stop"
+                break
+        tail = detok.flush()
+        if tail:
+            yield Piece(tail)
+    finally:
+        await stream.aclose()
+        if metrics is not None:
+            metrics.prompt_tokens.inc(len(prompt_ids))
+            metrics.generated_tokens.inc(n)
+            if first is not None:
+                metrics.ttft.observe(first - start)
+                if n > 1:
+                    metrics.decode_rate.observe((n - 1) / max(1e-6, time.monotonic() - first))
+    yield Finish(reason, n, (first or time.monotonic()) - start)

@@ -1,0 +1,112 @@
+"""POST /v1/completions: raw text (or token ids) in, text out; no chat template, no tool parsing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from serve.api import ServerState, request_id
+from serve.chat_api import per_choice_params
+from serve.generation import Finish, run_choice
+from serve.schemas import APIError, CompletionRequest
+
+
+async def text_completion(state: ServerState, req: CompletionRequest, request: Request):
+    state.check_model(req.model)
+    jobs = []  # (choice index, prompt ids, prompt text, params)
+    vocab = state.chat.tokenizer.get_vocab_size()
+    for prompt in req.prompts():
+        if isinstance(prompt, str):
+            ids, text = state.chat.encode(prompt), prompt
+        else:
+            if any(not 0 <= t < vocab for t in prompt):
+                raise APIError(400, f"prompt token ids must be in [0, {vocab})", param="prompt")
+            ids, text = list(prompt), state.chat.decode(list(prompt))
+        params = state.sampling(req, len(ids), req.max_tokens, req.logprobs is not None)
+        for j in range(req.n):
+            jobs.append((len(jobs), ids, text, per_choice_params(params, j)))
+    rid, created = request_id("cmpl"), int(time.time())
+    base = {"id": rid, "object": "text_completion", "created": created, "model": state.served_name}
+    prompt_tokens = sum(len(ids) for _, ids, _, _ in jobs) // req.n
+    if req.stream:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        return StreamingResponse(_stream(state, req, jobs, base, prompt_tokens, include_usage),
+                                 media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    results = await asyncio.gather(*(_collect(state, req, job) for job in jobs))
+    choices = [c for c, _ in results]
+    body: dict[str, Any] = base | {"choices": choices, "usage": {
+        "prompt_tokens": prompt_tokens, "completion_tokens": sum(n for _, n in results),
+        "total_tokens": prompt_tokens + sum(n for _, n in results)}}
+    if req.return_token_ids:
+        body["prompt_token_ids"] = [ids for _, ids, _, _ in jobs[:: req.n]]
+    state.metrics.requests.labels("/v1/completions", "200").inc()
+    return body
+
+
+async def _collect(state: ServerState, req: CompletionRequest, job) -> tuple[dict[str, Any], int]:
+    index, ids, text, params = job
+    parts, token_ids, finish, n = [], [], "length", 0
+    async for piece in run_choice(state.engine, state.chat.tokenizer, ids, params, req.stop_list(), state.metrics):
+        if isinstance(piece, Finish):
+            finish, n = piece.reason, piece.completion_tokens
+        else:
+            parts.append(piece.text)
+            token_ids += piece.token_ids
+    choice: dict[str, Any] = {"index": index, "text": (text if req.echo else "") + "".join(parts),
+                              "finish_reason": finish, "logprobs": None}
+    if req.return_token_ids:
+        choice["token_ids"] = token_ids
+    return choice, n
+
+
+async def _stream(state: ServerState, req: CompletionRequest, jobs, base: dict[str, Any], prompt_tokens: int,
+                  include_usage: bool) -> AsyncIterator[bytes]:
+    def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        return f"data: {json.dumps(base | {'choices': choices} | extra, ensure_ascii=False)}\n\n".encode()
+
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def produce(job) -> None:
+        try:
+            await _produce(job)
+        except Exception as e:  # noqa: BLE001 - reported in-stream: headers are already sent
+            await queue.put((APIError(500, str(e), type="server_error").body(), 0, True))
+
+    async def _produce(job) -> None:
+        index, ids, text, params = job
+        if req.echo:
+            await queue.put(({"index": index, "text": text, "finish_reason": None, "logprobs": None}, 0, False))
+        async for piece in run_choice(state.engine, state.chat.tokenizer, ids, params, req.stop_list(),
+                                      state.metrics):
+            if isinstance(piece, Finish):
+                await queue.put(({"index": index, "text": "", "finish_reason": piece.reason, "logprobs": None},
+                                 piece.completion_tokens, True))
+            elif piece.text or req.return_token_ids:
+                c = {"index": index, "text": piece.text, "finish_reason": None, "logprobs": None}
+                if req.return_token_ids:
+                    c["token_ids"] = piece.token_ids
+                await queue.put((c, 0, False))
+
+    tasks = [asyncio.create_task(produce(job)) for job in jobs]
+    try:
+        done, completion = 0, 0
+        while done < len(jobs):
+            c, n, finished = await queue.get()
+            done += finished
+            completion += n
+            yield chunk([c]) if "error" not in c else f"data: {json.dumps(c)}\n\n".encode()
+        if include_usage:
+            yield chunk([], usage={"prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                                   "total_tokens": prompt_tokens + completion})
+        yield b"data: [DONE]\n\n"
+        state.metrics.requests.labels("/v1/completions", "200").inc()
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,98 @@
+"""Tiny random checkpoints in Hugging Face layout, for tests and CPU benchmarks.
+
+No weights can be downloaded here, so tests build their own: a byte-level BPE trained with
+`tokenizers` on local text (the Python standard library), a Qwen-style ChatML chat template with
+Hermes or Qwen3-Coder tool calls, and a randomly initialised `Qwen3MoeForCausalLM` saved with
+`save_pretrained` (per-expert tensors, exactly the layout of real Qwen3-MoE checkpoints).
+transformers is then the reference the engines must match.
+"""
+
+from __future__ import annotations
+
+import json
+import sysconfig
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Added tokens that stay visible in decoded text (the tool-call parser needs to see them).
+TEXT_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
+TEMPLATES = {"hermes": "chatml_hermes.jinja", "qwen3_coder": "chatml_qwen3_coder.jinja"}
+
+
+@dataclass
+class TinySpec:
+    vocab_size: int = 1024
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    moe_intermediate_size: int = 32
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 16
+    num_experts: int = 8
+    num_experts_per_tok: int = 2
+    decoder_sparse_step: int = 1
+    mlp_only_layers: list[int] = field(default_factory=list)
+    norm_topk_prob: bool = True
+    max_position_embeddings: int = 16384
+    tie_word_embeddings: bool = False
+    rope_theta: float = 1_000_000.0
+
+
+def template_text(name: str) -> str:
+    return resources.files("serve").joinpath("templates", TEMPLATES[name]).read_text()
+
+
+def train_tokenizer(vocab_size: int, max_bytes: int = 400_000):
+    """A byte-level BPE trained on stdlib sources (deterministic for a given stdlib)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    texts, total = [], 0
+    for path in sorted(stdlib.glob("*.py")):
+        text = path.read_text(errors="replace")
+        texts.append(text)
+        total += len(text)
+        if total > max_bytes:
+            break
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(TEXT_TOKENS), special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TEXT_TOKENS])
+    return tok
+
+
+def build_tiny_checkpoint(path: str | Path, *, template: str = "hermes", spec: TinySpec | None = None,
+                          seed: int = 0, dtype: str = "float32") -> Path:
+    """Write a random Qwen3-MoE checkpoint + tokenizer + chat template to `path`; return it."""
+    import torch
+    from transformers import PreTrainedTokenizerFast, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    spec = spec or TinySpec()
+    tok = train_tokenizer(spec.vocab_size)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   model_max_length=spec.max_position_embeddings)
+    fast.chat_template = template_text(template)
+    fast.save_pretrained(path)
+    eos = [tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")]
+    fields = asdict(spec)
+    rope_theta = fields.pop("rope_theta")
+    config = Qwen3MoeConfig(**fields, rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
+                            bos_token_id=None, eos_token_id=eos[0], pad_token_id=eos[1], dtype=dtype)
+    torch.manual_seed(seed)
+    model = Qwen3MoeForCausalLM(config).to(getattr(torch, dtype))
+    with torch.no_grad():  # the default init is tiny; make routing and logits non-degenerate
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.08)
+    model.save_pretrained(path)
+    gen = {"eos_token_id": eos, "pad_token_id": eos[1], "temperature": 0.7, "top_p": 0.8, "top_k": 20}
+    (path / "generation_config.json").write_text(json.dumps(gen, indent=2))
+    return path

@@ -1,0 +1,75 @@
+"""Tiny random Qwen3-MoE checkpoints (built once per session) and a running composer-serve."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from serve.tiny import build_tiny_checkpoint
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def tiny_hermes(tmp_path_factory) -> Path:
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-hermes", template="hermes")
+
+
+@pytest.fixture(scope="session")
+def tiny_coder(tmp_path_factory) -> Path:
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-coder", template="qwen3_coder", seed=1)
+
+
+class Server:
+    def __init__(self, proc: subprocess.Popen, base_url: str):
+        self.proc, self.base_url = proc, base_url
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def start_server(model: Path, *args: str, timeout: float = 120) -> Server:
+    """Run `composer-serve` as a subprocess on a free port; wait until /health answers."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "serve.cli", "--model", str(model), "--port", "0", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    deadline = time.monotonic() + timeout
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        m = re.search(r"serving .* at (http://\S+/v1)", line)
+        if m:
+            base = m.group(1)
+            break
+        if time.monotonic() > deadline:
+            break
+    else:
+        raise RuntimeError("composer-serve exited:\n" + "".join(lines))
+    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # keep the pipe drained
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(base.removesuffix("/v1") + "/health", timeout=1).status_code == 200:
+                return Server(proc, base)
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("composer-serve never became healthy:\n" + "".join(lines))
+
+
+@pytest.fixture(scope="session")
+def hermes_server(tiny_hermes):
+    srv = start_server(tiny_hermes, "--served-model-name", "tiny", "--api-key", "sk-test")
+    yield srv
+    srv.stop()
