@@ -32,13 +32,20 @@ def _as_dense(w: torch.Tensor | MXFP8Tensor, dtype: torch.dtype) -> torch.Tensor
     return w.to(dtype)
 
 
+def _expert(w: torch.Tensor | MXFP8Tensor, e: int, dtype: torch.dtype) -> torch.Tensor:
+    """One expert's matrix in `dtype`; MXFP8 weights are dequantized one expert at a time, so a decode
+    step on the CPU touches only the experts its tokens picked."""
+    if isinstance(w, MXFP8Tensor):
+        return dequantize_mxfp8_reference(w.data[e], w.scales[e], dtype)
+    return w[e].to(dtype)
+
+
 def moe_reference(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor,
                   w13, w2, act_mxfp8: bool = False) -> torch.Tensor:
     """Grouped reference; differentiable in x, topk_weights and (dense) w13/w2."""
     T, D = x_TD.shape
     K = topk_ids_TK.shape[1]
-    w13_ENK, w2_EDI = _as_dense(w13, x_TD.dtype), _as_dense(w2, x_TD.dtype)
-    inter = w2_EDI.shape[2]
+    inter = w2.shape[2]
     expert_P = topk_ids_TK.reshape(-1)
     weight_P = topk_weights_TK.reshape(-1).to(torch.float32)
     order = torch.argsort(expert_P, stable=True)
@@ -49,11 +56,11 @@ def moe_reference(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK
         x_ND = x_TD[tokens]
         if act_mxfp8:
             x_ND = _fake_mxfp8(x_ND)
-        gate_up_N2I = x_ND @ w13_ENK[e].T
+        gate_up_N2I = x_ND @ _expert(w13, e, x_TD.dtype).T
         h_NI = F.silu(gate_up_N2I[:, :inter]) * gate_up_N2I[:, inter:]
         if act_mxfp8:
             h_NI = _fake_mxfp8(h_NI)
-        y_ND = h_NI @ w2_EDI[e].T
+        y_ND = h_NI @ _expert(w2, e, x_TD.dtype).T
         out_TD = out_TD.index_add(0, tokens, y_ND.to(torch.float32) * weight_P[pairs, None])
     return out_TD.to(x_TD.dtype)
 

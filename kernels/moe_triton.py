@@ -172,13 +172,15 @@ class MoETiles:
 
 
 def choose_tiles(num_tokens: int, interpret: bool | None = None) -> MoETiles:
-    """First guesses, not tuned on hardware. The interpreter pays per program, so it gets big tiles."""
+    """First guesses, not tuned on hardware; sized so that per-stage shared memory stays well under
+    Hopper's 228 KiB and the dequantized weight tiles fit in registers. The interpreter pays per
+    program, so it gets the fewest, largest tiles that the small test shapes allow."""
     if interpret if interpret is not None else interpreting():
         return MoETiles(16, Tiles(32, 64), Tiles(32, 64))
-    if num_tokens <= 64:  # decode: one block per active expert, many narrow programs, long K steps
+    if num_tokens <= 64:  # decode: one block per active expert, many narrow programs to fill the SMs
         block_m = max(16, triton.next_power_of_2(num_tokens))
-        return MoETiles(block_m, Tiles(32, 256, 4, 4), Tiles(32, 256, 4, 4))
-    return MoETiles(64, Tiles(64, 128, 4, 3), Tiles(128, 128, 8, 3))
+        return MoETiles(block_m, Tiles(32, 128, 4, 4), Tiles(32, 128, 4, 4))
+    return MoETiles(64, Tiles(64, 64, 8, 3), Tiles(128, 64, 8, 3))
 
 
 def default_mma(device: torch.device) -> str:

@@ -173,7 +173,7 @@ def _dequantize_kernel(data_ptr, scale_ptr, out_ptr, n_blocks,
 # ---------------------------------------------------------------- wrappers
 
 
-def _blocks_per_program(n_blocks: int) -> int:
+def _blocks_per_program() -> int:
     # 64 blocks = 2048 elements per program on a GPU; the interpreter pays per program, so fewer, larger.
     return 256 if interpreting() else 64
 
@@ -188,7 +188,7 @@ def quantize_mxfp8_triton(x: torch.Tensor, block_size: int = 32, scale_mode: str
     scales = torch.empty((*x.shape[:-1], x.shape[-1] // block_size), dtype=torch.uint8, device=x.device)
     n_blocks = scales.numel()
     if n_blocks:
-        block_g = _blocks_per_program(n_blocks)
+        block_g = _blocks_per_program()
         _quantize_kernel[(triton.cdiv(n_blocks, block_g),)](
             x.view(torch.int16) if x_bits else x, data.view(torch.uint8), scales, n_blocks,
             BLOCK=block_size, BLOCK_G=block_g, RCEIL=scale_mode == "rceil",
@@ -204,7 +204,7 @@ def dequantize_mxfp8_triton(data: torch.Tensor, scales: torch.Tensor, dtype: tor
     out_bits = interpreting() and dtype == torch.bfloat16  # the interpreter rounds to bfloat16 wrongly
     n_blocks = scales.numel()
     if n_blocks:
-        block_g = _blocks_per_program(n_blocks)
+        block_g = _blocks_per_program()
         _dequantize_kernel[(triton.cdiv(n_blocks, block_g),)](
             data, scales, out.view(torch.int16) if out_bits else out, n_blocks, BLOCK=block_size,
             BLOCK_G=block_g, FIX_NAN=interpreting(), OUT_BF16_BITS=out_bits, num_warps=4)

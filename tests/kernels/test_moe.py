@@ -92,6 +92,22 @@ def test_reference_is_differentiable():
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in params)
 
 
+@pytest.mark.parametrize("T", [5, 80])
+def test_gpu_tile_shapes_compute_the_same_under_the_interpreter(T, device):
+    """The tests above use the interpreter's tiles; run the GPU's decode (T <= 64) and prefill tiles too,
+    so that their masking and K loops are checked before any GPU sees them."""
+    from kernels.moe_triton import fused_moe_mxfp8
+
+    x, ids, w, w13, w2 = make_layer(T, 4, 2, 256, 128, seed=T)
+    q13, q2 = MXFP8Tensor.quantize(w13, backend="torch"), MXFP8Tensor.quantize(w2, backend="torch")
+    ref = moe_reference(x, ids, w, q13, q2)
+    q13, q2 = (MXFP8Tensor(q.data.to(device), q.scales.to(device)) for q in (q13, q2))
+    out = fused_moe_mxfp8(x.to(device), ids.to(device), w.to(device), q13, q2, mma="dequant",
+                          tiles=choose_tiles(T, interpret=False))
+    tol = 1e-5 if device.type == "cpu" else 3e-2
+    torch.testing.assert_close(out.cpu(), ref, rtol=tol, atol=tol * ref.abs().max().item())
+
+
 def test_decode_tiles_put_each_active_expert_in_one_block():
     for T in (1, 2, 5, 16, 17, 64):
         assert choose_tiles(T, interpret=False).block_m >= T  # a token picks an expert at most once
