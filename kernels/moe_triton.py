@@ -210,7 +210,7 @@ def fused_moe_mxfp8(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_
     aligned = moe_align_block_size(topk_ids_TK, tiles.block_m, E)
     n_blocks = aligned.block_expert.numel()
     # h is kept in x's dtype (bf16 on a GPU, as a bf16 model rounds it); under the interpreter in float32,
-    # because its float32 -> bf16 cast can carry a rounding into the wrong exponent bit.
+    # because its float32 -> bf16 cast truncates instead of rounding.
     h_dtype = torch.float32 if interpreting() else x_TD.dtype
     h = torch.empty((aligned.sorted_pair_ids.numel(), inter), dtype=h_dtype, device=x_TD.device)
     out_PD = torch.empty((T * K, D), dtype=torch.float32, device=x_TD.device)

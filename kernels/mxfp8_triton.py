@@ -10,8 +10,8 @@ Rounding to e4m3: on a GPU the hardware conversion (`cvt.rn.satfinite`) rounds t
 Triton interpreter's float32 -> fp8 conversion does not (it rounds half up and can carry into the wrong
 exponent), so under the interpreter - or when asked, `EXACT_CAST` - we round with integer arithmetic on
 the float32 bits, `e4m3_rne_bits`; both give the same bytes as torch's cast. The interpreter also
-decodes the e4m3 NaN byte (0x7F) as 480, hence `FIX_NAN` on loads, and converts bfloat16 subnormals
-(and ties) wrongly in both directions, hence bfloat16 passed as raw int16 bits under the interpreter
+decodes the e4m3 NaN byte (0x7F) as 480, hence `FIX_NAN` on loads, truncates float32 -> bfloat16 and
+converts bfloat16 subnormals wrongly both ways, hence bfloat16 passed as raw int16 bits under the interpreter
 (`X_BF16_BITS`, `OUT_BF16_BITS`). On a GPU none of these detours is taken.
 
 Limits: block_size must be a power of two; inputs are made contiguous (one copy if they are not).
@@ -122,7 +122,7 @@ def bf16_bits_to_float32(v):
 
 @triton.jit
 def float32_to_bf16_bits(f):
-    """float32 -> bfloat16 bits (int16), nearest-even; used where the interpreter's own cast is wrong."""
+    """float32 -> bfloat16 bits (int16), nearest-even; the interpreter's own cast truncates."""
     b = f.to(tl.int32, bitcast=True)
     r = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
     r = tl.where(f != f, 0x7FC0, r)
