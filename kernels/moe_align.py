@@ -1,0 +1,66 @@
+"""Sort (token, slot) pairs by expert and pad each expert's run to a multiple of the kernel's BLOCK_M.
+
+The MoE kernels tile the sorted pairs in blocks of BLOCK_M rows; every block then belongs to exactly one
+expert, so a program loads one expert's weights and applies them to up to BLOCK_M rows (vLLM's
+moe_align_block_size does the same job in CUDA). Pair p = t * K + k stands for token t's k-th choice.
+
+Written in plain torch ops so that it runs anywhere and never waits on the GPU: the output has a fixed
+worst-case length, and the real length stays on the device (`num_padded`) for the kernels to read.
+Limits: expert ids are trusted to lie in [0, E) (checking them would cost a device sync).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class AlignedPairs:
+    """sorted_pair_ids [P_max] int32: pair ids grouped by expert, each group padded with the value
+    T*K (= num_pairs, "no pair") to a multiple of block_m; block_expert [P_max // block_m] int32: the
+    expert of each block; num_padded [1] int32 on the device: how many entries of sorted_pair_ids are
+    real (blocks at or past it are skipped)."""
+
+    sorted_pair_ids: torch.Tensor
+    block_expert: torch.Tensor
+    num_padded: torch.Tensor
+    block_m: int
+    num_pairs: int
+
+
+def max_padded_length(num_pairs: int, num_experts: int, block_m: int) -> int:
+    """Worst case: every active expert (at most min(E, pairs) of them) wastes block_m - 1 slots."""
+    padded = num_pairs + min(num_experts, num_pairs) * (block_m - 1)
+    return -(-padded // block_m) * block_m
+
+
+def moe_align_block_size(topk_ids_TK: torch.Tensor, block_m: int, num_experts: int) -> AlignedPairs:
+    device = topk_ids_TK.device
+    expert_P = topk_ids_TK.reshape(-1).to(torch.int64)  # P = T*K pairs
+    num_pairs = expert_P.numel()
+    count_E = torch.zeros(num_experts, dtype=torch.int64, device=device)
+    count_E.scatter_add_(0, expert_P, torch.ones_like(expert_P))  # bincount would sync on CUDA
+    padded_E = (count_E + block_m - 1) // block_m * block_m
+    padded_end_E = torch.cumsum(padded_E, 0)
+    padded_start_E = padded_end_E - padded_E
+    start_E = torch.cumsum(count_E, 0) - count_E
+
+    order_P = torch.argsort(expert_P, stable=True)  # pair ids by expert, token order kept within one
+    expert_sorted_P = expert_P[order_P]
+    rank_P = torch.arange(num_pairs, device=device) - start_E[expert_sorted_P]
+    dest_P = padded_start_E[expert_sorted_P] + rank_P
+
+    length = max_padded_length(num_pairs, num_experts, block_m)
+    sorted_ids = torch.full((length,), num_pairs, dtype=torch.int32, device=device)
+    sorted_ids[dest_P] = order_P.to(torch.int32)
+    block_start_B = torch.arange(0, length, block_m, device=device)
+    block_expert_B = torch.searchsorted(padded_end_E, block_start_B, right=True).clamp(max=num_experts - 1)
+    return AlignedPairs(
+        sorted_pair_ids=sorted_ids,
+        block_expert=block_expert_B.to(torch.int32),
+        num_padded=padded_end_E[-1:].to(torch.int32),
+        block_m=block_m,
+        num_pairs=num_pairs,
+    )

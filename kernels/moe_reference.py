@@ -1,0 +1,79 @@
+"""Torch references for the MoE layer (Qwen3-MoE experts): the ground truth the kernels are tested against,
+the CPU serving path, and the differentiable path training uses.
+
+Per token t and slot k, with e = topk_ids[t, k] and I the expert's intermediate size:
+    gate_up = w13[e] @ x[t]                       # w13 = gate_up_proj [E, 2I, D]: rows [gate; up]
+    h       = silu(gate_up[:I]) * gate_up[I:]     # SwiGLU
+    out[t] += topk_weights[t, k] * (w2[e] @ h)    # w2 = down_proj [E, D, I]
+Matmuls run in x's dtype (bf16 in serving, as a bf16 model would); the weighted sum over the K slots is
+accumulated in float32 and rounded once to x's dtype.
+
+`moe_reference` groups pairs by expert and loops over the experts that got any (what HF transformers
+does; the bf16 baseline for the benchmark). `moe_reference_dense` runs every expert on every token and
+masks: slow, obviously right, and used to check the grouped one. `act_mxfp8=True` rounds the inputs of
+both matmuls through MXFP8 (rceil), which is what the sm_100 `tl.dot_scaled` kernel computes.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels.mxfp8 import MXFP8Tensor, dequantize_mxfp8_reference, quantize_mxfp8_reference
+
+
+def _fake_mxfp8(x: torch.Tensor) -> torch.Tensor:
+    return dequantize_mxfp8_reference(*quantize_mxfp8_reference(x, 32, "rceil"), x.dtype)
+
+
+def _as_dense(w: torch.Tensor | MXFP8Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if isinstance(w, MXFP8Tensor):
+        return dequantize_mxfp8_reference(w.data, w.scales, dtype)
+    return w.to(dtype)
+
+
+def _expert(w: torch.Tensor | MXFP8Tensor, e: int, dtype: torch.dtype) -> torch.Tensor:
+    """One expert's matrix in `dtype`; MXFP8 weights are dequantized one expert at a time, so a decode
+    step on the CPU touches only the experts its tokens picked."""
+    if isinstance(w, MXFP8Tensor):
+        return dequantize_mxfp8_reference(w.data[e], w.scales[e], dtype)
+    return w[e].to(dtype)
+
+
+def moe_reference(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor,
+                  w13, w2, act_mxfp8: bool = False) -> torch.Tensor:
+    """Grouped reference; differentiable in x, topk_weights and (dense) w13/w2."""
+    T, D = x_TD.shape
+    K = topk_ids_TK.shape[1]
+    inter = w2.shape[2]
+    expert_P = topk_ids_TK.reshape(-1)
+    weight_P = topk_weights_TK.reshape(-1).to(torch.float32)
+    order = torch.argsort(expert_P, stable=True)
+    experts, counts = torch.unique_consecutive(expert_P[order], return_counts=True)
+    out_TD = torch.zeros(T, D, dtype=torch.float32, device=x_TD.device)
+    for e, pairs in zip(experts.tolist(), torch.split(order, counts.tolist()), strict=True):
+        tokens = pairs // K
+        x_ND = x_TD[tokens]
+        if act_mxfp8:
+            x_ND = _fake_mxfp8(x_ND)
+        gate_up_N2I = x_ND @ _expert(w13, e, x_TD.dtype).T
+        h_NI = F.silu(gate_up_N2I[:, :inter]) * gate_up_N2I[:, inter:]
+        if act_mxfp8:
+            h_NI = _fake_mxfp8(h_NI)
+        y_ND = h_NI @ _expert(w2, e, x_TD.dtype).T
+        out_TD = out_TD.index_add(0, tokens, y_ND.to(torch.float32) * weight_P[pairs, None])
+    return out_TD.to(x_TD.dtype)
+
+
+def moe_reference_dense(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor,
+                        w13, w2) -> torch.Tensor:
+    """Every expert on every token, in float32, then the routed ones picked out. For small tests only."""
+    w13_ENK, w2_EDI = _as_dense(w13, torch.float32), _as_dense(w2, torch.float32)
+    E, inter = w13_ENK.shape[0], w2_EDI.shape[2]
+    x_TD = x_TD.to(torch.float32)
+    gate_up_TEN = torch.einsum("td,end->ten", x_TD, w13_ENK)
+    h_TEI = F.silu(gate_up_TEN[..., :inter]) * gate_up_TEN[..., inter:]
+    y_TED = torch.einsum("tei,edi->ted", h_TEI, w2_EDI)
+    gate_TE = torch.zeros(x_TD.shape[0], E, dtype=torch.float32, device=x_TD.device)
+    gate_TE.scatter_add_(1, topk_ids_TK.long(), topk_weights_TK.to(torch.float32))
+    return torch.einsum("te,ted->td", gate_TE, y_TED)

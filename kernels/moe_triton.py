@@ -1,0 +1,235 @@
+"""Fused MoE forward with MXFP8 expert weights, in Triton: two grouped GEMM kernels over expert-sorted
+blocks of (token, slot) pairs.
+
+Approach (vLLM's fused_moe shape, our kernels):
+1. `moe_align_block_size` sorts the T*K pairs by expert and pads every expert's run to BLOCK_M, so each
+   block of BLOCK_M rows has one expert. Experts nobody picked have no block: their bytes are never read.
+2. `_gate_up_kernel`: program (block, n-tile) gathers its rows of x, streams the expert's gate rows n and
+   up rows I + n of w13 [E, 2I, D] (fp8 + E8M0 scales) over D, and writes silu(gate) * up into h, a
+   [P_padded, I] buffer in sorted order.
+3. `_down_kernel`: program (block, n-tile) reads its h rows (contiguous: already sorted), streams w2
+   [E, D, I], multiplies by the pair's router weight and writes the pair's row of a [T*K, D] float32
+   buffer; a torch sum over K finishes the combine (deterministic, unlike atomics).
+
+Matrix multiply, per GPU generation (`mma`):
+- "dequant" (Hopper sm_90 has no MX instruction): weights are dequantized in registers (fp8 -> float32
+  times the block's power of two -> bf16) and fed to a bf16 `tl.dot` with float32 accumulation; MXFP8
+  saves bandwidth here, not FLOPs. Under the interpreter the dot runs in float32 (it has no bf16 math).
+- "dot_scaled" (sm_100+): activations are quantized to MXFP8 in registers (rceil, blocks of 32 along the
+  reduction dim) and both operands go to `tl.dot_scaled(..., "e4m3", ..., "e4m3")`, the native
+  block-scaled MMA. Numerically that is the reference with `act_mxfp8=True`.
+
+Decode (few tokens) is bandwidth-bound, so the tile choice aims to read each active expert's bytes once:
+BLOCK_M is the next power of two >= T (min 16, for tl.dot), and since a token picks an expert at most once,
+no expert then spans two blocks; small BLOCK_N gives the grid enough programs to fill the GPU.
+
+Limits: D and I must be multiples of 32 (the scale blocks); the tile sizes are first guesses, not tuned
+on hardware (`bench/kernels.py` is where to tune); GPU code paths are not yet run on a GPU (see
+bench/KERNELS-RESULTS.md); under the interpreter the intermediate h is float32, not x's dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.backend import interpreting
+from kernels.moe_align import moe_align_block_size
+from kernels.mxfp8 import MXFP8Tensor
+from kernels.mxfp8_triton import block_amax, e8m0_to_float32, scale_exponent, scale_multiplier, to_e4m3_bits
+
+# ---------------------------------------------------------------- jit helpers
+
+
+@triton.jit
+def _quantize_rows_mx(a, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EXACT_CAST: tl.constexpr):
+    """float32 [M, K] -> (e4m3 [M, K], E8M0 uint8 [M, K // 32]), rceil, blocks of 32 along K."""
+    a3 = tl.reshape(a, (BLOCK_M, BLOCK_K // 32, 32))
+    biased = scale_exponent(block_amax(a3, 2), True)
+    y = a3 * scale_multiplier(biased, True)[:, :, None]
+    y = tl.clamp(y, -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL)
+    codes = tl.reshape(to_e4m3_bits(y, EXACT_CAST), (BLOCK_M, BLOCK_K))
+    return codes.to(tl.float8e4nv, bitcast=True), biased.to(tl.uint8)
+
+
+@triton.jit
+def _mx_dot(acc, a, w_ptr, s_ptr, n_N, ok_N, k0, K, stride_wn, stride_sn,
+            BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, DOT_SCALED: tl.constexpr,
+            F32_DOT: tl.constexpr, EXACT_CAST: tl.constexpr):
+    """acc [M, N] += a [M, K-tile] @ W[n_N, k0:k0+BLOCK_K].T, W in MXFP8 (fp8 rows + E8M0 scales)."""
+    k_K = k0 + tl.arange(0, BLOCK_K)
+    ok_K = k_K < K
+    w_NK = tl.load(w_ptr + n_N[:, None] * stride_wn + k_K[None, :], mask=ok_N[:, None] & ok_K[None, :],
+                   other=0.0)
+    if DOT_SCALED:
+        g_G = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        s_NG = tl.load(s_ptr + n_N[:, None] * stride_sn + g_G[None, :],
+                       mask=ok_N[:, None] & (g_G < K // 32)[None, :], other=127)
+        a_q, a_s = _quantize_rows_mx(a.to(tl.float32), BLOCK_M, BLOCK_K, EXACT_CAST)
+        acc = tl.dot_scaled(a_q, a_s, "e4m3", tl.trans(w_NK), s_NG, "e4m3", acc)
+    else:
+        # One scale byte per element (the same byte 32 times, from L1): simpler than a reshape-broadcast.
+        s_NK = tl.load(s_ptr + n_N[:, None] * stride_sn + (k_K // 32)[None, :],
+                       mask=ok_N[:, None] & ok_K[None, :], other=127)
+        w = w_NK.to(tl.float32) * e8m0_to_float32(s_NK)
+        if F32_DOT:
+            acc = tl.dot(a.to(tl.float32), tl.trans(w), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)), acc)
+    return acc
+
+
+# ---------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _gate_up_kernel(x_ptr, w_ptr, s_ptr, h_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr,
+                    num_pairs, D, INTER,
+                    stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_hm,
+                    TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, DOT_SCALED: tl.constexpr, F32_DOT: tl.constexpr,
+                    EXACT_CAST: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+        return  # past the last real block: the grid is sized for the worst case to avoid a host sync
+    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    row_M = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair_M = tl.load(sorted_ptr + row_M)
+    ok_M = pair_M < num_pairs  # padding rows hold num_pairs
+    token_M = (pair_M // TOP_K).to(tl.int64)
+    n_N = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    ok_N = n_N < INTER
+    w_e = w_ptr + expert * stride_we
+    s_e = s_ptr + expert * stride_se
+    acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, D, BLOCK_K):
+        k_K = k0 + tl.arange(0, BLOCK_K)
+        x_MK = tl.load(x_ptr + token_M[:, None] * stride_xt + k_K[None, :],
+                       mask=ok_M[:, None] & (k_K < D)[None, :], other=0.0)
+        acc_gate = _mx_dot(acc_gate, x_MK, w_e, s_e, n_N, ok_N, k0, D, stride_wn, stride_sn,
+                           BLOCK_M, BLOCK_K, DOT_SCALED, F32_DOT, EXACT_CAST)
+        acc_up = _mx_dot(acc_up, x_MK, w_e, s_e, n_N + INTER, ok_N, k0, D, stride_wn, stride_sn,
+                         BLOCK_M, BLOCK_K, DOT_SCALED, F32_DOT, EXACT_CAST)
+    h_MN = acc_gate * tl.sigmoid(acc_gate) * acc_up  # SwiGLU: silu(gate) * up
+    tl.store(h_ptr + row_M[:, None] * stride_hm + n_N[None, :], h_MN.to(h_ptr.dtype.element_ty),
+             mask=ok_M[:, None] & ok_N[None, :])
+
+
+@triton.jit
+def _down_kernel(h_ptr, w_ptr, s_ptr, out_ptr, topk_weight_ptr, sorted_ptr, block_expert_ptr,
+                 num_padded_ptr, num_pairs, D, INTER,
+                 stride_hm, stride_we, stride_wn, stride_se, stride_sn, stride_op,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 DOT_SCALED: tl.constexpr, F32_DOT: tl.constexpr, EXACT_CAST: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+        return
+    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    row_M = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair_M = tl.load(sorted_ptr + row_M)
+    ok_M = pair_M < num_pairs
+    n_N = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    ok_N = n_N < D
+    w_e = w_ptr + expert * stride_we
+    s_e = s_ptr + expert * stride_se
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, INTER, BLOCK_K):
+        k_K = k0 + tl.arange(0, BLOCK_K)
+        h_MK = tl.load(h_ptr + row_M[:, None].to(tl.int64) * stride_hm + k_K[None, :],
+                       mask=ok_M[:, None] & (k_K < INTER)[None, :], other=0.0)
+        acc = _mx_dot(acc, h_MK, w_e, s_e, n_N, ok_N, k0, INTER, stride_wn, stride_sn,
+                      BLOCK_M, BLOCK_K, DOT_SCALED, F32_DOT, EXACT_CAST)
+    weight_M = tl.load(topk_weight_ptr + pair_M, mask=ok_M, other=0.0).to(tl.float32)
+    acc = acc * weight_M[:, None]
+    tl.store(out_ptr + pair_M[:, None].to(tl.int64) * stride_op + n_N[None, :], acc,
+             mask=ok_M[:, None] & ok_N[None, :])
+
+
+# ---------------------------------------------------------------- tiles and wrapper
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """One kernel's launch shape. BLOCK_N tiles the output features, BLOCK_K the reduction."""
+
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+@dataclass(frozen=True)
+class MoETiles:
+    block_m: int
+    gate_up: Tiles
+    down: Tiles
+
+
+def choose_tiles(num_tokens: int, interpret: bool | None = None) -> MoETiles:
+    """First guesses, not tuned on hardware; sized so that per-stage shared memory stays well under
+    Hopper's 228 KiB and the dequantized weight tiles fit in registers. The interpreter pays per
+    program, so it gets the fewest, largest tiles that the small test shapes allow."""
+    if interpret if interpret is not None else interpreting():
+        return MoETiles(16, Tiles(32, 64), Tiles(32, 64))
+    if num_tokens <= 64:  # decode: one block per active expert, many narrow programs to fill the SMs
+        block_m = max(16, triton.next_power_of_2(num_tokens))
+        return MoETiles(block_m, Tiles(32, 128, 4, 4), Tiles(32, 128, 4, 4))
+    return MoETiles(64, Tiles(64, 64, 8, 3), Tiles(128, 64, 8, 3))
+
+
+def default_mma(device: torch.device) -> str:
+    if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 10:
+        return "dot_scaled"
+    return "dequant"
+
+
+def fused_moe_mxfp8(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor,
+                    w13: MXFP8Tensor, w2: MXFP8Tensor, mma: str = "auto",
+                    tiles: MoETiles | None = None) -> torch.Tensor:
+    """The kernel path of kernels.moe.moe_forward (which checks the arguments); see the module docstring."""
+    T, D = x_TD.shape
+    K = topk_ids_TK.shape[1]
+    E, two_i, _ = w13.shape
+    inter = two_i // 2
+    if T == 0:
+        return x_TD.new_zeros((0, D))
+    mma = default_mma(x_TD.device) if mma == "auto" else mma
+    if mma not in ("dequant", "dot_scaled"):
+        raise ValueError(f"mma must be 'auto', 'dequant' or 'dot_scaled', not {mma!r}")
+    tiles = tiles or choose_tiles(T)
+    x_TD = x_TD.contiguous()
+    w13_data, w13_scales = w13.data.contiguous(), w13.scales.contiguous().view(torch.uint8)
+    w2_data, w2_scales = w2.data.contiguous(), w2.scales.contiguous().view(torch.uint8)
+    weights_P = topk_weights_TK.contiguous().reshape(-1)
+    aligned = moe_align_block_size(topk_ids_TK, tiles.block_m, E)
+    n_blocks = aligned.block_expert.numel()
+    # h is kept in x's dtype (bf16 on a GPU, as a bf16 model rounds it); under the interpreter in float32,
+    # because its float32 -> bf16 cast truncates instead of rounding.
+    h_dtype = torch.float32 if interpreting() else x_TD.dtype
+    h = torch.empty((aligned.sorted_pair_ids.numel(), inter), dtype=h_dtype, device=x_TD.device)
+    out_PD = torch.empty((T * K, D), dtype=torch.float32, device=x_TD.device)
+    common = dict(DOT_SCALED=mma == "dot_scaled", F32_DOT=interpreting(), EXACT_CAST=interpreting())
+
+    gu = tiles.gate_up
+    _gate_up_kernel[(n_blocks, triton.cdiv(inter, gu.block_n))](
+        x_TD, w13_data, w13_scales, h, aligned.sorted_pair_ids, aligned.block_expert, aligned.num_padded,
+        T * K, D, inter,
+        x_TD.stride(0), w13_data.stride(0), w13_data.stride(1), w13_scales.stride(0), w13_scales.stride(1),
+        h.stride(0),
+        TOP_K=K, BLOCK_M=tiles.block_m, BLOCK_N=gu.block_n, BLOCK_K=gu.block_k,
+        num_warps=gu.num_warps, num_stages=gu.num_stages, **common)
+    dn = tiles.down
+    _down_kernel[(n_blocks, triton.cdiv(D, dn.block_n))](
+        h, w2_data, w2_scales, out_PD, weights_P, aligned.sorted_pair_ids, aligned.block_expert,
+        aligned.num_padded, T * K, D, inter,
+        h.stride(0), w2_data.stride(0), w2_data.stride(1), w2_scales.stride(0), w2_scales.stride(1),
+        out_PD.stride(0),
+        BLOCK_M=tiles.block_m, BLOCK_N=dn.block_n, BLOCK_K=dn.block_k,
+        num_warps=dn.num_warps, num_stages=dn.num_stages, **common)
+    return out_PD.view(T, K, D).sum(dim=1).to(x_TD.dtype)

@@ -1,0 +1,113 @@
+"""Training in the precision that is served: MXFP8 forward, gradients to high-precision master weights.
+
+Approach: straight-through estimation. The forward pass uses exactly the weights the server will load,
+`dequantize(quantize(w_master))` with the same quantizer (so the same bytes), and the backward pass
+treats quantization as the identity: dL/dw_master = dL/dw_dequantized. The optimizer keeps updating
+float32/bf16 masters; exporting them with `MXFP8Tensor.quantize` reproduces the trained forward exactly.
+
+- `fake_quantize_mxfp8(w)`: the building block, differentiable (identity gradient).
+- `mxfp8_linear(x, w, bias)` / `MXFP8Linear`: a linear layer that saves the fp8 bytes (1 + 1/32 bytes per
+  weight) rather than a dequantized copy for its backward pass.
+- `mxfp8_moe(x, ids, weights, w13, w2)`: the expert layer. Its forward is `moe_forward` on the freshly
+  quantized weights, i.e. the served kernel itself on a GPU; its backward recomputes the grouped torch
+  reference on the dequantized weights and differentiates that (x, router weights, both expert tensors).
+
+Limits: the backward pass runs in torch (bf16 matmuls), not in fused kernels; weights are re-quantized on
+every forward call (cheap next to the matmuls, and it is what keeps train and serve identical).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels.backend import Backend
+from kernels.moe import moe_forward
+from kernels.moe_reference import moe_reference
+from kernels.mxfp8 import MXFP8Tensor, ScaleMode, dequantize_mxfp8, quantize_mxfp8
+
+
+class _FakeQuantize(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, w, scale_mode, backend):
+        data, scales = quantize_mxfp8(w.detach(), scale_mode=scale_mode, backend=backend)
+        return dequantize_mxfp8(data, scales, w.dtype, backend=backend)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None, None
+
+
+def fake_quantize_mxfp8(w: torch.Tensor, scale_mode: ScaleMode = "rceil", backend: Backend = "auto"):
+    """w -> dequantize(quantize(w)) in w's dtype; the gradient passes straight through."""
+    return _FakeQuantize.apply(w, scale_mode, backend)
+
+
+class _MXFP8Linear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, bias, scale_mode, backend):
+        data, scales = quantize_mxfp8(w.detach(), scale_mode=scale_mode, backend=backend)
+        w_q = dequantize_mxfp8(data, scales, x.dtype, backend=backend)
+        ctx.save_for_backward(x, data, scales)
+        ctx.w_dtype, ctx.has_bias, ctx.backend = w.dtype, bias is not None, backend
+        return F.linear(x, w_q, bias)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, data, scales = ctx.saved_tensors
+        w_q = dequantize_mxfp8(data, scales, grad_out.dtype, backend=ctx.backend)
+        grad_x = grad_out @ w_q if ctx.needs_input_grad[0] else None
+        grad_w = grad_b = None
+        g_2d, x_2d = grad_out.reshape(-1, grad_out.shape[-1]), x.reshape(-1, x.shape[-1])
+        if ctx.needs_input_grad[1]:
+            grad_w = (g_2d.T @ x_2d.to(g_2d.dtype)).to(ctx.w_dtype)  # straight through the quantizer
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = g_2d.sum(0)
+        return grad_x, grad_w, grad_b, None, None
+
+
+def mxfp8_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
+                 scale_mode: ScaleMode = "rceil", backend: Backend = "auto") -> torch.Tensor:
+    """y = x @ Q(w).T + bias with Q the MXFP8 round trip (blocks along w's input dim)."""
+    return _MXFP8Linear.apply(x, w, bias, scale_mode, backend)
+
+
+class MXFP8Linear(torch.nn.Linear):
+    """nn.Linear whose forward uses the MXFP8-quantized weight; drop-in for training."""
+
+    scale_mode: ScaleMode = "rceil"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return mxfp8_linear(x, self.weight, self.bias, self.scale_mode)
+
+
+class _MXFP8MoE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x_TD, topk_ids_TK, topk_weights_TK, w13, w2, scale_mode, backend, mma):
+        q13 = MXFP8Tensor.quantize(w13.detach(), scale_mode, backend)
+        q2 = MXFP8Tensor.quantize(w2.detach(), scale_mode, backend)
+        ctx.save_for_backward(x_TD, topk_ids_TK, topk_weights_TK, q13.data, q13.scales, q2.data, q2.scales)
+        ctx.dtypes, ctx.backend = (w13.dtype, w2.dtype), backend
+        return moe_forward(x_TD, topk_ids_TK, topk_weights_TK, q13, q2, backend=backend, mma=mma)
+
+    @staticmethod
+    def backward(ctx, grad_TD):
+        x_TD, ids_TK, weights_TK, d13, s13, d2, s2 = ctx.saved_tensors
+        with torch.enable_grad():
+            x = x_TD.detach().requires_grad_()
+            weights = weights_TK.detach().requires_grad_()
+            w13 = dequantize_mxfp8(d13, s13, x_TD.dtype, backend=ctx.backend).requires_grad_()
+            w2 = dequantize_mxfp8(d2, s2, x_TD.dtype, backend=ctx.backend).requires_grad_()
+            out = moe_reference(x, ids_TK, weights, w13, w2)
+            g_x, g_w, g_13, g_2 = torch.autograd.grad(out, (x, weights, w13, w2), grad_TD)
+        return (g_x, None, g_w.to(weights_TK.dtype), g_13.to(ctx.dtypes[0]), g_2.to(ctx.dtypes[1]),
+                None, None, None)
+
+
+def mxfp8_moe(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor,
+              w13: torch.Tensor, w2: torch.Tensor, scale_mode: ScaleMode = "rceil",
+              backend: Backend = "auto", mma: str = "auto") -> torch.Tensor:
+    """`moe_forward` with master weights w13 [E, 2I, D] and w2 [E, D, I] quantized on the fly; gradients
+    flow to x, topk_weights and the masters (straight through the quantizer, and straight through the
+    activation rounding when the sm_100 kernel quantizes activations)."""
+    return _MXFP8MoE.apply(x_TD, topk_ids_TK, topk_weights_TK, w13, w2, scale_mode, backend, mma)

@@ -1,0 +1,214 @@
+"""Triton MXFP8 quantizer and dequantizer, plus the @triton.jit helpers the MoE kernels share.
+
+Approach: a contiguous [..., K] tensor with K % 32 == 0 is, flattened, a list of G = numel / 32 blocks
+of 32 consecutive elements, and its scales flattened are one byte per block in the same order. So each
+program takes BLOCK_G whole blocks ([BLOCK_G, 32] tile, one contiguous span of memory), reduces amax
+along the 32, derives the E8M0 exponent from float32 bits exactly as `kernels.mxfp8` does, scales and
+rounds. It reads the input once and writes 1 + 1/32 bytes per element: bandwidth-bound by design.
+
+Rounding to e4m3: on a GPU the hardware conversion (`cvt.rn.satfinite`) rounds to nearest-even. The
+Triton interpreter's float32 -> fp8 conversion does not (it rounds half up and can carry into the wrong
+exponent), so under the interpreter - or when asked, `EXACT_CAST` - we round with integer arithmetic on
+the float32 bits, `e4m3_rne_bits`; both give the same bytes as torch's cast. The interpreter also
+decodes the e4m3 NaN byte (0x7F) as 480, hence `FIX_NAN` on loads, truncates float32 -> bfloat16 and
+converts bfloat16 subnormals wrongly both ways, hence bfloat16 passed as raw int16 bits under the interpreter
+(`X_BF16_BITS`, `OUT_BF16_BITS`). On a GPU none of these detours is taken.
+
+Limits: block_size must be a power of two; inputs are made contiguous (one copy if they are not).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.backend import interpreting
+from kernels.mxfp8 import E8M0_NAN
+
+# ---------------------------------------------------------------- shared jit helpers
+
+
+@triton.jit
+def block_amax(x, axis: tl.constexpr):
+    """max |x| along `axis`, NaN if any element is NaN (like torch.amax).
+
+    NaN is counted apart rather than with a NaN-propagating combine function: tl.max's own NaN behaviour
+    is not specified, and a custom tl.reduce costs the interpreter one Python call per element."""
+    amax = tl.max(tl.abs(x), axis)
+    has_nan = tl.max((x != x).to(tl.int32), axis)
+    return tl.where(has_nan > 0, float("nan"), amax)
+
+
+@triton.jit
+def scale_exponent(amax, RCEIL: tl.constexpr):
+    """amax (float32) -> biased E8M0 exponent (int32); mirrors kernels.mxfp8.scale_exponent."""
+    if RCEIL:
+        q = tl.math.div_rn(amax, 448.0)  # correctly rounded, as torch's division
+        qb = q.to(tl.int32, bitcast=True)
+        exp = (qb >> 23) & 0xFF
+        man = qb & 0x7FFFFF
+        biased = tl.where(exp == 0, (man > 0x400000).to(tl.int32), exp + (man != 0).to(tl.int32))
+        biased = tl.where(amax == float("inf"), 254, biased)
+    else:
+        biased = tl.maximum(((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 8, 0)
+    return tl.where(amax != amax, 255, biased)
+
+
+@triton.jit
+def scale_multiplier(biased, RCEIL: tl.constexpr):
+    """1 / scale as float32 (exact, from bits); mirrors kernels.mxfp8.scale_multiplier."""
+    if RCEIL:
+        r = (tl.maximum(254 - biased, 0) << 23).to(tl.float32, bitcast=True)
+        r = tl.where(biased == 0, 1.0, r)
+        r = tl.where(biased == 254, 5.877471754111438e-39, r)  # 2**-127
+        r = tl.where(biased == 255, float("nan"), r)
+    else:
+        b = tl.maximum(biased, 1)
+        r = (tl.maximum(254 - b, 0) << 23).to(tl.float32, bitcast=True)
+        r = tl.where(biased == 255, 0.0, r)
+    return r
+
+
+@triton.jit
+def e8m0_to_float32(s):
+    """E8M0 bytes (uint8) -> float32: byte 0 is 2**-127, byte 255 is NaN."""
+    b = s.to(tl.int32)
+    bits = tl.where(b == 0, 0x00400000, b << 23)
+    bits = tl.where(b == 255, 0x7FC00000, bits)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def e4m3_rne_bits(y):
+    """float32 in [-448, 448] (or NaN) -> e4m3fn byte (uint8), rounded to nearest-even by integer math."""
+    sign = ((y.to(tl.int32, bitcast=True) >> 24) & 0x80)
+    a = tl.abs(y)
+    ab = a.to(tl.int32, bitcast=True)
+    # Normal e4m3 (a >= 2**-6): drop 20 of float32's 23 mantissa bits with ties to even, then rebias the
+    # exponent from 127 to 7; a mantissa carry rolls into the exponent by itself.
+    normal = ((ab + 0x7FFFF + ((ab >> 20) & 1)) >> 20) - (120 << 3)
+    # Subnormal e4m3 counts multiples of 2**-9; adding and removing 1.5 * 2**23 rounds to nearest-even.
+    # (Code 8 = 2**-6 falls out as the smallest normal.)
+    sub = ((a * 512.0 + 12582912.0) - 12582912.0).to(tl.int32)
+    code = tl.where(a < 0.015625, sub, normal)
+    code = tl.where(y != y, 0x7F, code)
+    return (code | sign).to(tl.uint8)
+
+
+@triton.jit
+def to_e4m3_bits(y, EXACT_CAST: tl.constexpr):
+    """float32 already clamped to +-448 -> e4m3fn byte (uint8)."""
+    if EXACT_CAST:
+        return e4m3_rne_bits(y)
+    else:
+        return y.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+
+
+@triton.jit
+def e4m3_to_float32(v, FIX_NAN: tl.constexpr):
+    """Loaded float8e4nv -> float32; FIX_NAN repairs the interpreter's decoding of the NaN byte."""
+    f = v.to(tl.float32)
+    if FIX_NAN:
+        f = tl.where(tl.abs(f) == 480.0, float("nan"), f)
+    return f
+
+
+@triton.jit
+def bf16_bits_to_float32(v):
+    """bfloat16 loaded as int16 bits -> float32 (exact: bfloat16 is the top half of float32)."""
+    return (v.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def float32_to_bf16_bits(f):
+    """float32 -> bfloat16 bits (int16), nearest-even; the interpreter's own cast truncates."""
+    b = f.to(tl.int32, bitcast=True)
+    r = (b + 0x7FFF + ((b >> 16) & 1)) >> 16
+    r = tl.where(f != f, 0x7FC0, r)
+    return r.to(tl.int16)
+
+
+# ---------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _quantize_kernel(x_ptr, data_ptr, scale_ptr, n_blocks,
+                     BLOCK: tl.constexpr, BLOCK_G: tl.constexpr, RCEIL: tl.constexpr,
+                     EXACT_CAST: tl.constexpr, X_BF16_BITS: tl.constexpr):
+    pid = tl.program_id(0)
+    g_G = pid.to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)  # block index, int64 for huge tensors
+    ok_G = g_G < n_blocks
+    offs_GB = g_G[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
+    x_GB = tl.load(x_ptr + offs_GB, mask=ok_G[:, None], other=0)
+    if X_BF16_BITS:
+        x_GB = bf16_bits_to_float32(x_GB)
+    else:
+        x_GB = x_GB.to(tl.float32)
+    biased_G = scale_exponent(block_amax(x_GB, 1), RCEIL)
+    y_GB = x_GB * scale_multiplier(biased_G, RCEIL)[:, None]
+    y_GB = tl.clamp(y_GB, -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL)
+    tl.store(data_ptr + offs_GB, to_e4m3_bits(y_GB, EXACT_CAST), mask=ok_G[:, None])
+    tl.store(scale_ptr + g_G, biased_G.to(tl.uint8), mask=ok_G)
+
+
+@triton.jit
+def _dequantize_kernel(data_ptr, scale_ptr, out_ptr, n_blocks,
+                       BLOCK: tl.constexpr, BLOCK_G: tl.constexpr, FIX_NAN: tl.constexpr,
+                       OUT_BF16_BITS: tl.constexpr):
+    pid = tl.program_id(0)
+    g_G = pid.to(tl.int64) * BLOCK_G + tl.arange(0, BLOCK_G)
+    ok_G = g_G < n_blocks
+    offs_GB = g_G[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
+    d_GB = e4m3_to_float32(tl.load(data_ptr + offs_GB, mask=ok_G[:, None], other=0.0), FIX_NAN)
+    s_G = e8m0_to_float32(tl.load(scale_ptr + g_G, mask=ok_G, other=127))
+    out_GB = d_GB * s_G[:, None]
+    if OUT_BF16_BITS:
+        out_GB = float32_to_bf16_bits(out_GB)
+    else:
+        out_GB = out_GB.to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + offs_GB, out_GB, mask=ok_G[:, None])
+
+
+# ---------------------------------------------------------------- wrappers
+
+
+def _blocks_per_program() -> int:
+    # 64 blocks = 2048 elements per program on a GPU; the interpreter pays per program, so fewer, larger.
+    return 256 if interpreting() else 64
+
+
+def quantize_mxfp8_triton(x: torch.Tensor, block_size: int = 32, scale_mode: str = "rceil",
+                          exact_cast: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as kernels.quantize_mxfp8 (which validates arguments and calls this)."""
+    x = x.contiguous()
+    # The interpreter converts bfloat16 subnormals wrongly: hand it the raw bits instead.
+    x_bits = interpreting() and x.dtype == torch.bfloat16
+    data = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    scales = torch.empty((*x.shape[:-1], x.shape[-1] // block_size), dtype=torch.uint8, device=x.device)
+    n_blocks = scales.numel()
+    if n_blocks:
+        block_g = _blocks_per_program()
+        _quantize_kernel[(triton.cdiv(n_blocks, block_g),)](
+            x.view(torch.int16) if x_bits else x, data.view(torch.uint8), scales, n_blocks,
+            BLOCK=block_size, BLOCK_G=block_g, RCEIL=scale_mode == "rceil",
+            EXACT_CAST=interpreting() if exact_cast is None else exact_cast, X_BF16_BITS=x_bits,
+            num_warps=4)
+    return data, scales.view(torch.float8_e8m0fnu)
+
+
+def dequantize_mxfp8_triton(data: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16,
+                            block_size: int = 32) -> torch.Tensor:
+    data, scales = data.contiguous(), scales.contiguous().view(torch.uint8)
+    out = torch.empty(data.shape, dtype=dtype, device=data.device)
+    out_bits = interpreting() and dtype == torch.bfloat16  # the interpreter rounds to bfloat16 wrongly
+    n_blocks = scales.numel()
+    if n_blocks:
+        block_g = _blocks_per_program()
+        _dequantize_kernel[(triton.cdiv(n_blocks, block_g),)](
+            data, scales, out.view(torch.int16) if out_bits else out, n_blocks, BLOCK=block_size,
+            BLOCK_G=block_g, FIX_NAN=interpreting(), OUT_BF16_BITS=out_bits, num_warps=4)
+    return out
+
+
+assert E8M0_NAN == 255  # the jit helpers spell the NaN byte as a literal
