@@ -64,7 +64,8 @@ class ServerState:
             temperature=req.temperature if req.temperature is not None else d.get("temperature", 1.0),
             top_p=req.top_p if req.top_p is not None else d.get("top_p", 1.0),
             top_k=req.top_k if req.top_k is not None else d.get("top_k", -1),
-            seed=req.seed, stop_token_ids=sorted(set(self.chat.stop_token_ids) | set(req.stop_token_ids or [])),
+            seed=req.seed, stop_token_ids=sorted(set([] if req.ignore_eos else self.chat.stop_token_ids)
+                                                 | set(req.stop_token_ids or [])),
             logprobs=logprobs,
         )
 

@@ -19,16 +19,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="checkpoint folder (Hugging Face layout)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=8000, help="port (0 picks a free one)")
-    p.add_argument("--engine", choices=["hf", "vllm"], default="hf",
-                   help="hf: transformers reference; vllm: launch vLLM (GPU boxes) and proxy to it")
+    p.add_argument("--engine", choices=["native", "hf", "vllm"], default="native",
+                   help="native: our MoE engine (default); hf: transformers reference, one request at a time; "
+                        "vllm: launch vLLM (GPU boxes) and proxy to it")
     p.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="auto",
                    help="weights and activations (auto: bfloat16 on GPU, float32 on CPU)")
-    p.add_argument("--quant", choices=["none", "mxfp8"], default="none", help="expert weight format")
+    p.add_argument("--quant", choices=["auto", "none", "mxfp8"], default="auto",
+                   help="expert weights (auto: mxfp8 on GPU, none on CPU; checkpoints stored in MXFP8 load as is)")
     p.add_argument("--served-model-name", help="name clients use (default: --model as given)")
     p.add_argument("--api-key", help="require this Bearer key on /v1 requests")
     p.add_argument("--max-model-len", type=int, help="context length (default: the checkpoint's)")
     p.add_argument("--tool-call-parser", choices=["hermes", "qwen3_coder"],
                    help="tool-call text format (default: detected from the chat template)")
+    n = p.add_argument_group("native engine")
+    n.add_argument("--max-num-seqs", type=int, default=64, help="sequences decoded together (default 64)")
+    n.add_argument("--max-batched-tokens", type=int, default=2048, help="tokens per step; long prompts are "
+                   "prefilled in chunks of this size (default 2048)")
+    n.add_argument("--kv-cache-tokens", type=int, help="KV-cache capacity (default: 90%% of free GPU memory, "
+                   "or 8 x max-model-len on CPU)")
+    n.add_argument("--no-prefix-caching", action="store_true", help="do not reuse cached prompt prefixes")
     return p
 
 
@@ -63,20 +72,36 @@ def main(argv: list[str] | None = None) -> int:
             print(f"composer-serve: error: {note}", file=sys.stderr)
             return 2
     else:
-        if args.quant != "none":
-            print("composer-serve: error: --quant mxfp8 needs the native engine", file=sys.stderr)
-            return 2
         from serve.api import ServerState, create_app
-        from serve.engine.hf import HFEngine
 
-        engine = HFEngine(str(model_dir), dtype=args.dtype, max_model_len=args.max_model_len)
+        try:
+            engine, note = _local_engine(args, model_dir)
+        except (ValueError, OSError) as e:
+            print(f"composer-serve: error: {e}", file=sys.stderr)
+            return 2
         state = ServerState(engine, chat, served, engine.max_model_len, args.api_key, str(model_dir))
         app = create_app(state)
-        note = f"engine hf, {engine.device}, weights {engine.weight_bytes() / 2**20:.1f} MiB"
     print(f"composer-serve: serving {served} at http://{args.host}:{port}/v1 ({note})", flush=True)
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2)
     uvicorn.Server(config).run(sockets=[sock])
     return 0
+
+
+def _local_engine(args, model_dir: Path):
+    if args.engine == "hf":
+        if args.quant == "mxfp8":
+            raise ValueError("--quant mxfp8 needs the native engine (or vllm)")
+        from serve.engine.hf import HFEngine
+
+        engine = HFEngine(str(model_dir), dtype=args.dtype, max_model_len=args.max_model_len)
+        return engine, f"engine hf, {engine.device}, weights {engine.weight_bytes() / 2**20:.1f} MiB"
+    from serve.engine.native import EngineConfig, NativeEngine
+
+    config = EngineConfig(dtype=args.dtype, quant=args.quant, max_model_len=args.max_model_len,
+                          max_num_seqs=args.max_num_seqs, max_batched_tokens=args.max_batched_tokens,
+                          kv_cache_tokens=args.kv_cache_tokens, prefix_caching=not args.no_prefix_caching)
+    engine = NativeEngine(str(model_dir), config)
+    return engine, engine.describe()
 
 
 def _vllm_app(args, chat, served: str):

@@ -87,6 +87,7 @@ class _Sampling(_Lenient):
     seed: int | None = None
     n: int = Field(default=1, ge=1, le=16)
     stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
     return_token_ids: bool = False
 
     def stop_list(self) -> list[str]:

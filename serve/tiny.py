@@ -68,23 +68,38 @@ def train_tokenizer(vocab_size: int, max_bytes: int = 400_000):
 
 
 def build_tiny_checkpoint(path: str | Path, *, template: str = "hermes", spec: TinySpec | None = None,
-                          seed: int = 0, dtype: str = "float32") -> Path:
-    """Write a random Qwen3-MoE checkpoint + tokenizer + chat template to `path`; return it."""
+                          seed: int = 0, dtype: str = "float32", tokenizer_from: str | Path | None = None,
+                          rope: dict | None = None, max_shard_size: str | None = None) -> Path:
+    """Write a random Qwen3-MoE checkpoint + tokenizer + chat template to `path`; return it.
+
+    `tokenizer_from` copies the tokenizer files of another tiny checkpoint instead of training one
+    (fast variants with the same vocabulary); `rope` overrides the rope parameters (e.g. YaRN);
+    `max_shard_size` (e.g. "200KB") writes a sharded checkpoint with an index.
+    """
+    import shutil
+
     import torch
+    from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     spec = spec or TinySpec()
-    tok = train_tokenizer(spec.vocab_size)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   model_max_length=spec.max_position_embeddings)
-    fast.chat_template = template_text(template)
-    fast.save_pretrained(path)
+    if tokenizer_from is not None:
+        for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+            shutil.copy(Path(tokenizer_from) / name, path / name)
+        tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    else:
+        tok = train_tokenizer(spec.vocab_size)
+        fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                       model_max_length=spec.max_position_embeddings)
+        fast.chat_template = template_text(template)
+        fast.save_pretrained(path)
     eos = [tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")]
     fields = asdict(spec)
     rope_theta = fields.pop("rope_theta")
-    config = Qwen3MoeConfig(**fields, rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
+    rope_parameters = {"rope_type": "default", "rope_theta": rope_theta, **(rope or {})}
+    config = Qwen3MoeConfig(**fields, rope_parameters=rope_parameters,
                             bos_token_id=None, eos_token_id=eos[0], pad_token_id=eos[1], dtype=dtype)
     torch.manual_seed(seed)
     model = Qwen3MoeForCausalLM(config).to(getattr(torch, dtype))
@@ -92,7 +107,7 @@ def build_tiny_checkpoint(path: str | Path, *, template: str = "hermes", spec: T
         for p in model.parameters():
             if p.dim() >= 2:
                 p.normal_(0.0, 0.08)
-    model.save_pretrained(path)
+    model.save_pretrained(path, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
     gen = {"eos_token_id": eos, "pad_token_id": eos[1], "temperature": 0.7, "top_p": 0.8, "top_k": 20}
     (path / "generation_config.json").write_text(json.dumps(gen, indent=2))
     return path

@@ -68,8 +68,11 @@ def start_server(model: Path, *args: str, timeout: float = 120) -> Server:
     raise RuntimeError("composer-serve never became healthy:\n" + "".join(lines))
 
 
-@pytest.fixture(scope="session")
-def hermes_server(tiny_hermes):
-    srv = start_server(tiny_hermes, "--served-model-name", "tiny", "--api-key", "sk-test")
+@pytest.fixture(scope="session", params=["native", "hf"])
+def hermes_server(request, tiny_hermes):
+    """composer-serve on the tiny checkpoint, once per engine: the API behaves the same on both."""
+    srv = start_server(tiny_hermes, "--served-model-name", "tiny", "--api-key", "sk-test", "--engine", request.param,
+                       "--dtype", "float32")
+    srv.engine = request.param
     yield srv
     srv.stop()

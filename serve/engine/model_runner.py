@@ -1,0 +1,74 @@
+"""Turning a scheduled batch into one forward pass: flattened tokens, positions, cache slots, metadata.
+
+Owns the KV cache: per layer one key and one value tensor of [num_blocks * block_size, G, C], indexed
+by slot = block * block_size + offset. Sequences computing one token with context before it form the
+padded decode group; everything else (prompt chunks) is a prefill slice.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from serve.engine.sequence import Sequence
+from serve.model.layers import AttnMeta, SeqSlice
+from serve.model.qwen3_moe import Qwen3MoeModel
+
+
+class ModelRunner:
+    def __init__(self, model: Qwen3MoeModel, num_blocks: int, block_size: int, device: torch.device,
+                 kv_dtype: torch.dtype):
+        cfg = model.cfg
+        self.model, self.block_size, self.device = model, block_size, device
+        slots = num_blocks * block_size
+        self.kv = [(torch.zeros(slots, cfg.num_key_value_heads, cfg.head_dim, dtype=kv_dtype, device=device),
+                    torch.zeros(slots, cfg.num_key_value_heads, cfg.head_dim, dtype=kv_dtype, device=device))
+                   for _ in range(cfg.num_hidden_layers)]
+
+    @staticmethod
+    def kv_bytes_per_token(model: Qwen3MoeModel, kv_dtype: torch.dtype) -> int:
+        c = model.cfg
+        return 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * torch.empty(0, dtype=kv_dtype).element_size()
+
+    def _slots(self, seq: Sequence, upto: int) -> torch.Tensor:
+        table = torch.tensor(seq.block_table, dtype=torch.long)
+        slots = (table[:, None] * self.block_size + torch.arange(self.block_size)).reshape(-1)
+        return slots[:upto]
+
+    def run(self, batch: list[tuple[Sequence, int]]) -> tuple[list[Sequence], torch.Tensor]:
+        """Forward the batch; returns the sequences that get a new token and their logits [B, V]."""
+        ids, positions, slot_map = [], [], []
+        prefill: list[SeqSlice] = []
+        decode_rows, decode_slots, decode_lens = [], [], []
+        sampled, logits_rows = [], []
+        for seq, n in batch:
+            start, row = seq.num_computed, len(ids)
+            ids += seq.token_ids[start : start + n]
+            positions += range(start, start + n)
+            slots_L = self._slots(seq, start + n)
+            slot_map.append(slots_L[start:])
+            if n == 1 and start > 0:
+                decode_rows.append(row)
+                decode_slots.append(slots_L)
+                decode_lens.append(start + 1)
+            else:
+                prefill.append(SeqSlice(row, n, start + n, slots_L.to(self.device)))
+            if start + n == len(seq):
+                sampled.append(seq)
+                logits_rows.append(row + n - 1)
+        longest = max(decode_lens, default=0)
+        padded = torch.zeros(len(decode_slots), longest, dtype=torch.long)
+        for i, s in enumerate(decode_slots):
+            padded[i, : len(s)] = s
+        mask = torch.arange(longest)[None, :] < torch.tensor(decode_lens, dtype=torch.long)[:, None]
+        dev = self.device
+        meta = AttnMeta(
+            slot_mapping_T=torch.cat(slot_map).to(dev), prefill=prefill,
+            decode_rows_B=torch.tensor(decode_rows, dtype=torch.long, device=dev),
+            decode_slots_BL=padded.to(dev), decode_mask_B1L=mask[:, None, :].to(dev),
+        )
+        if not sampled:  # only partial prefill chunks this step: run them, sample nothing
+            logits_rows = [0]
+        logits = self.model(torch.tensor(ids, dtype=torch.long, device=dev),
+                            torch.tensor(positions, dtype=torch.long, device=dev), meta, self.kv,
+                            torch.tensor(logits_rows, dtype=torch.long, device=dev))
+        return sampled, logits[: len(sampled)]

@@ -1,0 +1,177 @@
+"""The native engine: Qwen3-MoE with MXFP8 experts, paged KV cache, continuous batching, prefix caching.
+
+One engine thread loops: take new requests, schedule a step (scheduler.py), run one forward over all
+scheduled tokens (model_runner.py), sample the sequences that finished their tokens, stream each new
+token to its request's asyncio queue, retire finished or cancelled sequences. Requests that arrive
+mid-flight join at the next step.
+
+Limits: no CUDA graphs yet (decode on a GPU pays kernel-launch overhead per step); attention is torch
+SDPA over gathered pages, not a fused paged-attention kernel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from serve.engine.base import Engine, EngineStats, GenToken, SamplingParams
+from serve.engine.block_manager import BlockManager
+from serve.engine.model_runner import ModelRunner
+from serve.engine.sampling import make_generator, sample_batch
+from serve.engine.scheduler import Scheduler
+from serve.engine.sequence import Sequence
+from serve.model.loader import load_model
+
+log = logging.getLogger(__name__)
+_DONE = object()
+
+
+@dataclass
+class EngineConfig:
+    dtype: str = "auto"
+    """auto: bfloat16 on GPU, float32 on CPU."""
+    quant: str = "auto"
+    """Expert weights: auto (mxfp8 on GPU, none on CPU), none, or mxfp8."""
+    device: str | None = None
+    max_model_len: int | None = None
+    """Context length; default the checkpoint's max_position_embeddings."""
+    block_size: int = 16
+    max_num_seqs: int = 64
+    max_batched_tokens: int = 2048
+    """Tokens per step: the chunk size of long prefills."""
+    kv_cache_tokens: int | None = None
+    """KV-cache capacity in tokens; default: 90% of free GPU memory, or 8 x max_model_len on CPU."""
+    prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if self.quant not in ("auto", "none", "mxfp8"):
+            raise ValueError(f"quant must be auto, none or mxfp8, not {self.quant!r}")
+        if self.block_size < 1 or self.max_num_seqs < 1 or self.max_batched_tokens < self.block_size:
+            raise ValueError("block_size, max_num_seqs and max_batched_tokens must be positive "
+                             "(and max_batched_tokens >= block_size)")
+
+
+class NativeEngine(Engine):
+    name = "native"
+
+    def __init__(self, model_dir: str, config: EngineConfig | None = None):
+        from serve.engine.hf import resolve_dtype
+
+        c = self.config = config or EngineConfig()
+        self.device = torch.device(c.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.dtype = resolve_dtype(c.dtype, self.device.type)
+        self.quant = c.quant if c.quant != "auto" else ("mxfp8" if self.device.type == "cuda" else "none")
+        self.model = load_model(model_dir, device=self.device, dtype=self.dtype, quant=self.quant)
+        self.max_model_len = c.max_model_len or self.model.cfg.max_position_embeddings
+        per_token = ModelRunner.kv_bytes_per_token(self.model, self.dtype)
+        tokens = c.kv_cache_tokens or self._default_kv_tokens(per_token)
+        num_blocks = max(tokens // c.block_size, -(-self.max_model_len // c.block_size) + 1)
+        self.blocks = BlockManager(num_blocks, c.block_size, c.prefix_caching)
+        self.scheduler = Scheduler(self.blocks, c.max_num_seqs, c.max_batched_tokens)
+        self.runner = ModelRunner(self.model, num_blocks, c.block_size, self.device, self.dtype)
+        self.kv_cache_bytes = num_blocks * c.block_size * per_token
+        self._inbox: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="native-engine", daemon=True)
+        self._thread.start()
+
+    def _default_kv_tokens(self, per_token: int) -> int:
+        if self.device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(self.device)
+            return int(free * 0.9) // per_token
+        return 8 * (self.config.max_model_len or self.model.cfg.max_position_embeddings)
+
+    def weight_bytes(self) -> int:
+        dense, experts = self.model.weight_bytes()
+        return dense + experts
+
+    def describe(self) -> str:
+        dense, experts = self.model.weight_bytes()
+        return (f"engine native, {self.device.type}, {self.dtype}, experts {self.quant}, weights "
+                f"{(dense + experts) / 2**20:.1f} MiB (experts {experts / 2**20:.1f} MiB), KV cache "
+                f"{self.kv_cache_bytes / 2**20:.1f} MiB ({len(self.blocks.blocks) * self.config.block_size} tokens)")
+
+    def stats(self) -> EngineStats:
+        return EngineStats(running=len(self.scheduler.running), waiting=len(self.scheduler.waiting) + self._inbox.qsize(),
+                           kv_cache_usage=self.blocks.usage, prefix_cache_hits=self.blocks.hit_tokens,
+                           prefix_cache_queries=self.blocks.query_tokens)
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams):
+        if len(prompt_ids) >= self.max_model_len:
+            raise ValueError(f"prompt of {len(prompt_ids)} tokens does not fit in {self.max_model_len}")
+        seq = Sequence(list(prompt_ids), params, asyncio.get_running_loop(), asyncio.Queue())
+        seq.generator = make_generator(params, self.device)
+        self._inbox.put(seq)
+        try:
+            while True:
+                item = await seq.out.get()
+                if item is _DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            seq.cancelled.set()
+            self._inbox.put(None)  # wake the loop so the slot is freed now
+
+    async def stop(self) -> None:
+        self._stop.set()
+        self._inbox.put(None)
+
+    # -- the engine thread ---------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._drain_inbox(block=not self.scheduler.has_work())
+            for seq in self.scheduler.drop_cancelled():
+                self._emit(seq, _DONE)
+            batch = self.scheduler.schedule()
+            if not batch:
+                continue
+            try:
+                self._step(batch)
+            except Exception as e:  # noqa: BLE001 - fail the requests in the batch, keep serving
+                log.exception("engine step failed")
+                for seq, _ in batch:
+                    self.scheduler.finish(seq)
+                    self._emit(seq, e)
+                    self._emit(seq, _DONE)
+
+    def _drain_inbox(self, block: bool) -> None:
+        try:
+            item = self._inbox.get(block=block, timeout=0.5 if block else None)
+        except queue.Empty:
+            return
+        while True:
+            if item is not None:
+                self.scheduler.add(item)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _step(self, batch: list[tuple[Sequence, int]]) -> None:
+        sampled, logits = self.runner.run(batch)
+        for seq, n in batch:
+            seq.num_computed += n
+            self.blocks.register(seq)
+        if not sampled:
+            return
+        picks = sample_batch(logits, [s.params for s in sampled], [s.generator for s in sampled])
+        for seq, (token, logprob) in zip(sampled, picks, strict=True):
+            seq.token_ids.append(token)
+            self._emit(seq, GenToken(token, logprob))
+            if (token in seq.params.stop_token_ids or seq.num_generated >= seq.params.max_tokens
+                    or len(seq) >= self.max_model_len or seq.cancelled.is_set()):
+                self.scheduler.finish(seq)
+                self._emit(seq, _DONE)
+
+    @staticmethod
+    def _emit(seq: Sequence, item) -> None:
+        if seq.loop is not None and seq.out is not None and not seq.loop.is_closed():
+            seq.loop.call_soon_threadsafe(seq.out.put_nowait, item)

@@ -1,0 +1,84 @@
+"""Continuous batching with chunked prefill.
+
+Each step has a token budget. Running sequences go first (a decode costs one token; an unfinished
+prefill takes what the budget leaves), then waiting ones are admitted while blocks, the budget and
+the sequence limit allow — so new requests join a running batch at the next step instead of waiting
+for it to drain, and a long prompt is prefilled in chunks between other sequences' decodes. When
+decode runs out of KV blocks, the most recently admitted sequence is preempted: its blocks are freed
+and it is recomputed later (its tokens, generated ones included, are kept).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from serve.engine.block_manager import BlockManager
+from serve.engine.sequence import Sequence, Status
+
+
+class Scheduler:
+    def __init__(self, blocks: BlockManager, max_num_seqs: int, max_batched_tokens: int):
+        self.blocks = blocks
+        self.max_num_seqs = max_num_seqs
+        self.max_batched_tokens = max_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish(self, seq: Sequence) -> None:
+        seq.status = Status.FINISHED
+        if seq in self.running:
+            self.running.remove(seq)
+        self.blocks.free(seq)
+
+    def drop_cancelled(self) -> list[Sequence]:
+        gone = [s for s in list(self.waiting) + self.running if s.cancelled.is_set()]
+        for s in gone:
+            if s in self.waiting:
+                self.waiting.remove(s)
+                s.status = Status.FINISHED
+            else:
+                self.finish(s)
+        return gone
+
+    def schedule(self) -> list[tuple[Sequence, int]]:
+        """[(sequence, tokens to compute this step)]."""
+        budget = self.max_batched_tokens
+        batch: list[tuple[Sequence, int]] = []
+        for seq in list(self.running):
+            if budget <= 0:
+                break
+            if seq not in self.running:  # preempted below
+                continue
+            n = min(len(seq) - seq.num_computed, budget)
+            while not self.blocks.ensure(seq, seq.num_computed + n):
+                victim = self.running[-1]
+                self._preempt(victim)
+                if victim is seq:
+                    break
+            else:
+                batch.append((seq, n))
+                budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if not self.blocks.allocate(seq):
+                break
+            self.waiting.popleft()
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            n = min(len(seq) - seq.num_computed, budget)
+            batch.append((seq, n))
+            budget -= n
+        return batch
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.blocks.free(seq)
+        seq.num_computed = seq.num_cached = 0
+        seq.status = Status.WAITING
+        self.waiting.appendleft(seq)

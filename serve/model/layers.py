@@ -1,0 +1,132 @@
+"""Building blocks of Qwen3-MoE: RMSNorm, rotary embeddings (default, linear, YaRN), paged attention.
+
+Attention reads keys and values from a paged cache (flat slots: block * block_size + offset). Decode
+sequences (one new token each) are gathered into one padded batch and run through a single SDPA call
+with a length mask; prefill chunks run per sequence with a causal mask offset by the tokens already
+cached. SDPA is torch's, so the same code runs on CPU and GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from serve.model.config import ModelConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x32 = x.to(torch.float32)
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
+    """(inverse frequencies [C/2], attention scaling) for the config's rope type."""
+    r = cfg.rope
+    base, dim = float(r["rope_theta"]), cfg.head_dim
+    pos_freqs = base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim)
+    kind = r["rope_type"]
+    if kind == "default":
+        return 1.0 / pos_freqs, 1.0
+    factor = float(r.get("factor") or 1.0)
+    if kind == "linear":
+        return 1.0 / pos_freqs / factor, 1.0
+    # YaRN (arXiv:2309.00071): interpolate low frequencies, extrapolate high ones, ramp in between.
+    original = r.get("original_max_position_embeddings") or cfg.max_position_embeddings
+    attention = r.get("attention_factor")
+    if attention is None:
+        m, m_all = r.get("mscale"), r.get("mscale_all_dim")
+        attention = _yarn_mscale(factor, m) / _yarn_mscale(factor, m_all) if m and m_all else _yarn_mscale(factor)
+    beta_fast, beta_slow = r.get("beta_fast") or 32, r.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if r.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    extrapolate = 1 - ramp
+    inv = (1.0 / (factor * pos_freqs)) * (1 - extrapolate) + (1.0 / pos_freqs) * extrapolate
+    return inv, float(attention)
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+class Rotary:
+    def __init__(self, cfg: ModelConfig, device: torch.device):
+        inv, self.scaling = rope_inv_freq(cfg)
+        self.inv_freq = inv.to(device)
+
+    def cos_sin(self, positions_T: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs_TC2 = positions_T.to(torch.float32)[:, None] * self.inv_freq[None, :]
+        emb_TC = torch.cat([freqs_TC2, freqs_TC2], dim=-1)
+        return (emb_TC.cos() * self.scaling).to(dtype), (emb_TC.sin() * self.scaling).to(dtype)
+
+
+def apply_rope(x_TNC: torch.Tensor, cos_TC: torch.Tensor, sin_TC: torch.Tensor) -> torch.Tensor:
+    half = x_TNC.shape[-1] // 2
+    rotated = torch.cat([-x_TNC[..., half:], x_TNC[..., :half]], dim=-1)
+    return x_TNC * cos_TC[:, None, :] + rotated * sin_TC[:, None, :]
+
+
+@dataclass
+class SeqSlice:
+    """One sequence's share of a step: its new tokens are x[start : start + q_len]."""
+
+    start: int
+    q_len: int
+    ctx_len: int  # tokens in the cache after this step's tokens are written (cached + new)
+    slots_L: torch.Tensor  # cache slots of all ctx_len tokens, in order
+
+
+@dataclass
+class AttnMeta:
+    slot_mapping_T: torch.Tensor  # where each new token's K/V goes
+    prefill: list[SeqSlice]
+    decode_rows_B: torch.Tensor  # positions in x of the decode tokens
+    decode_slots_BL: torch.Tensor  # padded cache slots of each decode sequence
+    decode_mask_B1L: torch.Tensor  # True where a decode query may attend
+
+
+def paged_attention(q_THC: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttnMeta,
+                    num_kv_heads: int) -> torch.Tensor:
+    """q [T, H, C] against the cache ([slots, G, C] each); returns [T, H, C]."""
+    out_THC = torch.empty_like(q_THC)
+    gqa = q_THC.shape[1] != num_kv_heads
+    if meta.decode_rows_B.numel():
+        q_BH1C = q_THC[meta.decode_rows_B].unsqueeze(2)
+        k_BGLC = k_cache[meta.decode_slots_BL].permute(0, 2, 1, 3)
+        v_BGLC = v_cache[meta.decode_slots_BL].permute(0, 2, 1, 3)
+        o = F.scaled_dot_product_attention(q_BH1C, k_BGLC, v_BGLC, attn_mask=meta.decode_mask_B1L[:, None],
+                                           enable_gqa=gqa)
+        out_THC[meta.decode_rows_B] = o.squeeze(2)
+    for s in meta.prefill:
+        q_HQC = q_THC[s.start : s.start + s.q_len].transpose(0, 1)
+        k_GLC = k_cache[s.slots_L].transpose(0, 1)
+        v_GLC = v_cache[s.slots_L].transpose(0, 1)
+        cached = s.ctx_len - s.q_len
+        if cached == 0:
+            o = F.scaled_dot_product_attention(q_HQC, k_GLC, v_GLC, is_causal=True, enable_gqa=gqa)
+        else:
+            rows = torch.arange(s.q_len, device=q_THC.device)[:, None] + cached
+            mask_QL = torch.arange(s.ctx_len, device=q_THC.device)[None, :] <= rows
+            o = F.scaled_dot_product_attention(q_HQC, k_GLC, v_GLC, attn_mask=mask_QL, enable_gqa=gqa)
+        out_THC[s.start : s.start + s.q_len] = o.transpose(0, 1)
+    return out_THC

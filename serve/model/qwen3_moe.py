@@ -1,0 +1,122 @@
+"""Qwen3-MoE (Qwen3-30B-A3B, Qwen3-Coder-30B-A3B and friends) over flattened token batches.
+
+A step's tokens from all sequences are concatenated ([T]); attention finds each sequence's keys in
+the paged KV cache through AttnMeta. The experts go through one seam, `kernels.moe_forward`, which
+takes plain weights (the bf16/fp32 reference) or MXFP8Tensor weights (the Triton kernels). Logits are
+computed only for the rows that will be sampled.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from kernels import MXFP8Tensor, moe_forward
+from serve.model.config import ModelConfig
+from serve.model.layers import AttnMeta, RMSNorm, Rotary, apply_rope, paged_attention
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.h, self.g, self.c = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, self.h * self.c, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.g * self.c, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.g * self.c, bias=bias)
+        self.o_proj = nn.Linear(self.h * self.c, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.c, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(self.c, cfg.rms_norm_eps)
+
+    def forward(self, x_TD, cos_TC, sin_TC, k_cache, v_cache, meta: AttnMeta) -> torch.Tensor:
+        T = x_TD.shape[0]
+        q_THC = self.q_norm(self.q_proj(x_TD).view(T, self.h, self.c))
+        k_TGC = self.k_norm(self.k_proj(x_TD).view(T, self.g, self.c))
+        v_TGC = self.v_proj(x_TD).view(T, self.g, self.c)
+        q_THC, k_TGC = apply_rope(q_THC, cos_TC, sin_TC), apply_rope(k_TGC, cos_TC, sin_TC)
+        k_cache.index_copy_(0, meta.slot_mapping_T, k_TGC.to(k_cache.dtype))
+        v_cache.index_copy_(0, meta.slot_mapping_T, v_TGC.to(v_cache.dtype))
+        o_THC = paged_attention(q_THC, k_cache, v_cache, meta, self.g)
+        return self.o_proj(o_THC.reshape(T, self.h * self.c))
+
+
+class DenseMLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x_TD: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x_TD)) * self.up_proj(x_TD))
+
+
+class SparseMoE(nn.Module):
+    """Router + experts. Expert weights live as attributes (not Parameters) so that they can be swapped
+    for MXFP8Tensor at load time: w13 = gate_up_proj [E, 2I, D], w2 = down_proj [E, D, I]."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.top_k, self.norm_topk = cfg.num_experts_per_tok, cfg.norm_topk_prob
+        self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
+        self.w13: torch.Tensor | MXFP8Tensor = torch.empty(0)
+        self.w2: torch.Tensor | MXFP8Tensor = torch.empty(0)
+
+    def forward(self, x_TD: torch.Tensor) -> torch.Tensor:
+        logits_TE = self.gate(x_TD)
+        probs_TE = torch.softmax(logits_TE, dim=-1, dtype=torch.float32)
+        weights_TK, ids_TK = torch.topk(probs_TE, self.top_k, dim=-1)
+        if self.norm_topk:
+            weights_TK = weights_TK / weights_TK.sum(dim=-1, keepdim=True)
+        return moe_forward(x_TD, ids_TK, weights_TK.to(logits_TE.dtype), self.w13, self.w2)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, index: int):
+        super().__init__()
+        self.self_attn = Attention(cfg)
+        self.mlp: nn.Module = SparseMoE(cfg) if cfg.is_moe_layer(index) else DenseMLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, x_TD, cos_TC, sin_TC, k_cache, v_cache, meta: AttnMeta) -> torch.Tensor:
+        x_TD = x_TD + self.self_attn(self.input_layernorm(x_TD), cos_TC, sin_TC, k_cache, v_cache, meta)
+        return x_TD + self.mlp(self.post_attention_layernorm(x_TD))
+
+
+class Qwen3MoeModel(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.rotary: Rotary | None = None
+
+    def moe_layers(self) -> list[SparseMoE]:
+        return [layer.mlp for layer in self.layers if isinstance(layer.mlp, SparseMoE)]
+
+    @torch.inference_mode()
+    def forward(self, input_ids_T: torch.Tensor, positions_T: torch.Tensor, meta: AttnMeta,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]], logits_rows_B: torch.Tensor) -> torch.Tensor:
+        """Logits [B, V] (float32) for the rows in `logits_rows_B`."""
+        if self.rotary is None:
+            self.rotary = Rotary(self.cfg, input_ids_T.device)
+        x_TD = self.embed_tokens(input_ids_T)
+        cos_TC, sin_TC = self.rotary.cos_sin(positions_T, x_TD.dtype)
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+            x_TD = layer(x_TD, cos_TC, sin_TC, k_cache, v_cache, meta)
+        h_BD = self.norm(x_TD[logits_rows_B])
+        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+        return F.linear(h_BD, weight).float()
+
+    def weight_bytes(self) -> tuple[int, int]:
+        """(dense bytes, expert bytes) as stored."""
+        dense = sum(p.numel() * p.element_size() for p in self.parameters())
+        experts = 0
+        for moe in self.moe_layers():
+            for w in (moe.w13, moe.w2):
+                experts += w.nbytes() if isinstance(w, MXFP8Tensor) else w.numel() * w.element_size()
+        return dense, experts

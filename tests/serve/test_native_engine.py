@@ -1,0 +1,203 @@
+"""The native engine against transformers, and against itself under batching, chunking, caching, pressure."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM
+
+from serve.engine.base import SamplingParams
+from serve.engine.native import EngineConfig, NativeEngine
+from serve.engine.sequence import Sequence
+from serve.model.config import ModelConfig
+from serve.model.layers import rope_inv_freq
+from serve.model.loader import load_model, save_mxfp8_experts
+from serve.tiny import TinySpec, build_tiny_checkpoint
+
+
+def greedy(max_tokens: int = 12, **kw) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, stop_token_ids=[2], **kw)
+
+
+def generate_all(engine: NativeEngine, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
+    async def one(p):
+        return [t.id async for t in engine.generate(p, params)]
+
+    async def main():
+        return await asyncio.gather(*(one(p) for p in prompts))
+
+    return asyncio.run(main())
+
+
+def prompts(n: int, seed: int = 0, lo: int = 5, hi: int = 80) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 1000) for _ in range(rng.randrange(lo, hi))] for _ in range(n)]
+
+
+def hf_logits(path, ids: list[int]) -> torch.Tensor:
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0]
+
+
+def engine_logits(engine: NativeEngine, ids: list[int], split: int) -> torch.Tensor:
+    """Logits after the prefix ids[:split] (one prefill), then after each later token (decodes)."""
+    seq = Sequence(ids[:split], greedy())
+    assert engine.blocks.allocate(seq)
+    rows = []
+    _, logits = engine.runner.run([(seq, split)])
+    rows.append(logits[0])
+    seq.num_computed = split
+    for t in ids[split:]:
+        seq.token_ids.append(t)
+        assert engine.blocks.ensure(seq, len(seq))
+        _, logits = engine.runner.run([(seq, 1)])
+        seq.num_computed += 1
+        rows.append(logits[0])
+    engine.blocks.free(seq)
+    return torch.stack(rows)
+
+
+@pytest.fixture(scope="module")
+def variants(tiny_hermes, tmp_path_factory):
+    """Checkpoints that exercise the config's options: a dense layer and tied embeddings; YaRN; shards."""
+    root = tmp_path_factory.mktemp("variants")
+    dense = build_tiny_checkpoint(root / "dense-tied", tokenizer_from=tiny_hermes, seed=3, spec=TinySpec(
+        num_hidden_layers=3, mlp_only_layers=[1], tie_word_embeddings=True, num_experts=6, num_experts_per_tok=3,
+        norm_topk_prob=False))
+    yarn = build_tiny_checkpoint(root / "yarn", tokenizer_from=tiny_hermes, seed=4, rope={
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64})
+    sharded = build_tiny_checkpoint(root / "sharded", tokenizer_from=tiny_hermes, seed=5, max_shard_size="300KB")
+    return {"base": tiny_hermes, "dense": dense, "yarn": yarn, "sharded": sharded}
+
+
+@pytest.mark.parametrize("name", ["base", "dense", "yarn", "sharded"])
+def test_fp32_logits_match_transformers(variants, name):
+    path = variants[name]
+    if name == "sharded":
+        assert (path / "model.safetensors.index.json").exists()
+    engine = NativeEngine(str(path), EngineConfig(dtype="float32", kv_cache_tokens=2048, block_size=8))
+    ids = prompts(1, seed=11, lo=90, hi=91)[0]
+    ref = hf_logits(path, ids)[60 - 1:]
+    got = engine_logits(engine, ids, split=60)
+    assert (got - ref).abs().max().item() <= 1e-4
+
+
+def test_yarn_frequencies_equal_transformers(variants):
+    from transformers import AutoConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    hf_inv, hf_scale = ROPE_INIT_FUNCTIONS["yarn"](AutoConfig.from_pretrained(variants["yarn"]), "cpu")
+    inv, scale = rope_inv_freq(ModelConfig.from_dir(variants["yarn"]))
+    assert torch.equal(inv, hf_inv.float()) and scale == pytest.approx(hf_scale)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_hermes):
+    return NativeEngine(str(tiny_hermes), EngineConfig(dtype="float32", kv_cache_tokens=8192))
+
+
+def test_greedy_generation_equals_transformers_generate(engine, tiny_hermes):
+    model = AutoModelForCausalLM.from_pretrained(tiny_hermes, dtype=torch.float32)
+    for p in prompts(3, seed=2):
+        out = model.generate(torch.tensor([p]), max_new_tokens=16, do_sample=False, eos_token_id=2,
+                             pad_token_id=0)[0, len(p):].tolist()
+        (got,) = generate_all(engine, [p], greedy(16))
+        assert got == out
+
+
+def test_batched_equals_unbatched(engine):
+    ps = prompts(8, seed=3)
+    alone = [generate_all(engine, [p], greedy())[0] for p in ps]
+    together = generate_all(engine, ps, greedy())
+    assert together == alone
+
+
+def test_chunked_prefill_equals_one_shot(tiny_hermes, engine):
+    chunked = NativeEngine(str(tiny_hermes), EngineConfig(dtype="float32", kv_cache_tokens=8192,
+                                                          max_batched_tokens=32, prefix_caching=False))
+    ps = prompts(4, seed=4, lo=100, hi=200)
+    assert generate_all(chunked, ps, greedy()) == generate_all(engine, ps, greedy())
+
+
+def test_prefix_cache_hits_give_the_same_tokens(tiny_hermes):
+    cached = NativeEngine(str(tiny_hermes), EngineConfig(dtype="float32", kv_cache_tokens=8192, block_size=8))
+    plain = NativeEngine(str(tiny_hermes), EngineConfig(dtype="float32", kv_cache_tokens=8192, block_size=8,
+                                                        prefix_caching=False))
+    turn1 = prompts(1, seed=5, lo=120, hi=121)[0]
+    out1 = generate_all(cached, [turn1], greedy())[0]
+    turn2 = turn1 + out1 + prompts(1, seed=6, lo=30, hi=31)[0]  # an agent's next request
+    hits_before = cached.blocks.hit_tokens
+    got = generate_all(cached, [turn2], greedy())[0]
+    assert cached.blocks.hit_tokens - hits_before >= 120 // 8 * 8
+    assert got == generate_all(plain, [turn2], greedy())[0]
+    assert plain.blocks.hit_tokens == 0
+
+
+def test_preemption_under_kv_pressure_keeps_outputs(tiny_hermes, engine):
+    tight = NativeEngine(str(tiny_hermes), EngineConfig(dtype="float32", kv_cache_tokens=256, block_size=8,
+                                                        prefix_caching=False))
+    ps = prompts(6, seed=7, lo=40, hi=60)
+    params = greedy(30)
+    assert generate_all(tight, ps, params) == generate_all(engine, ps, params)
+    assert tight.blocks.num_free == len(tight.blocks.blocks)
+
+
+def test_sampling_is_seeded_and_stops_on_stop_tokens(engine):
+    p = prompts(1, seed=8)[0]
+    params = SamplingParams(max_tokens=20, temperature=1.0, top_p=0.9, top_k=50, seed=123)
+    a, b = generate_all(engine, [p, p], params)
+    assert a == b == generate_all(engine, [p], params)[0]
+    first = a[0]
+    stopped = generate_all(engine, [p], SamplingParams(max_tokens=20, temperature=1.0, top_p=0.9, top_k=50,
+                                                        seed=123, stop_token_ids=[first]))[0]
+    assert stopped == [first]
+
+
+def test_cancelling_frees_the_blocks(engine):
+    async def main():
+        gen = engine.generate(prompts(1, seed=9)[0], greedy(500))
+        got = [await gen.__anext__() for _ in range(3)]
+        await gen.aclose()
+        return got
+
+    assert len(asyncio.run(main())) == 3
+    for _ in range(100):
+        if not engine.scheduler.running:
+            break
+        asyncio.run(asyncio.sleep(0.02))
+    assert not engine.scheduler.running and engine.blocks.usage == 0.0
+
+
+def test_mxfp8_experts_stay_close_to_full_precision(tiny_hermes, tmp_path):
+    ids = prompts(1, seed=10, lo=64, hi=65)[0]
+    full = NativeEngine(str(tiny_hermes), EngineConfig(dtype="float32", kv_cache_tokens=1024))
+    mx = NativeEngine(str(tiny_hermes), EngineConfig(dtype="float32", quant="mxfp8", kv_cache_tokens=1024))
+    a, b = engine_logits(full, ids, 48), engine_logits(mx, ids, 48)
+    rel = ((a - b).norm() / a.norm()).item()
+    assert 0 < rel < 0.05, rel  # stated tolerance: 5% relative L2 on the logits
+    dense, experts = mx.model.weight_bytes()
+    assert experts * 3.5 < full.model.weight_bytes()[1]  # fp8 + E8M0 scales vs fp32
+
+    # A checkpoint that stores MXFP8 experts (as train/ saves them) loads as is: same logits.
+    import shutil
+
+    stored = tmp_path / "mx-stored"
+    shutil.copytree(tiny_hermes, stored)
+    model = load_model(tiny_hermes, dtype=torch.float32, quant="mxfp8")
+    from safetensors import safe_open
+
+    tensors = {}
+    with safe_open(str(tiny_hermes / "model.safetensors"), "pt") as f:
+        for k in f.keys():
+            if ".mlp.experts." not in k:
+                tensors[k] = f.get_tensor(k)
+    tensors.update(save_mxfp8_experts(model))
+    save_file(tensors, str(stored / "model.safetensors"))
+    again = NativeEngine(str(stored), EngineConfig(dtype="float32", kv_cache_tokens=1024))
+    assert again.quant == "none"  # nothing to convert: the experts already are MXFP8
+    assert torch.equal(engine_logits(again, ids, 48), b)
