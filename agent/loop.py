@@ -64,6 +64,7 @@ class Agent:
         start = time.monotonic()
         self.cancel.clear()
         self.ctx.cancel.clear()
+        self.error_kind = None
         if not self.messages:
             self._append({"role": "system", "content": system or ""})
         self._append({"role": "user", "content": task})

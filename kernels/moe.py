@@ -27,7 +27,10 @@ from __future__ import annotations
 import torch
 
 from kernels.backend import Backend, use_triton
-from kernels.moe_reference import moe_reference
+from kernels.moe_reference import moe_all_experts, moe_reference
+
+# Up to this many tokens, a CPU batch that touches most experts runs them all at once (see moe_all_experts).
+SMALL_BATCH = 64
 from kernels.mxfp8 import MXFP8Tensor
 
 
@@ -42,6 +45,9 @@ def moe_forward(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: 
         return moe_reference(x_TD, topk_ids_TK, topk_weights_TK, w13, w2, act_mxfp8=mma == "dot_scaled")
     if backend == "triton":
         raise ValueError("the Triton MoE path takes MXFP8 weights: pass MXFP8Tensor.quantize(w)")
+    T, K = topk_ids_TK.shape
+    if x_TD.device.type == "cpu" and T * K >= w13.shape[0] and T <= SMALL_BATCH and not torch.is_grad_enabled():
+        return moe_all_experts(x_TD, topk_ids_TK, topk_weights_TK, w13, w2)
     return moe_reference(x_TD, topk_ids_TK, topk_weights_TK, w13, w2)
 
 
