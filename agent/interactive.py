@@ -150,8 +150,11 @@ class Interactive:
         self.rt.session.close()
         self.rt = self._build(which)
         self.checkpoints.stack.clear()
-        shown = [m for m in self.rt.agent.messages if m.get("role") in ("user", "assistant")]
-        return Outcome(f"Resumed session {self.rt.session.id}.", clear=True, replay=shown)
+        return Outcome(f"Resumed session {self.rt.session.id}.", clear=True, replay=self.transcript())
+
+    def transcript(self) -> list[Message]:
+        """The conversation so far as a front-end replays it: user and assistant messages."""
+        return [m for m in self.rt.agent.messages if m.get("role") in ("user", "assistant")]
 
     def recent_sessions(self, n: int = 10) -> str:
         folder = sessions_dir(self.root)
