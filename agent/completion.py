@@ -10,8 +10,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agent.interactive import COMMANDS
-from agent.mentions import complete
+from agent.commands import COMMANDS
 
 # An @ that starts a word, and the path characters typed after it so far (MENTION's alphabet).
 PARTIAL_MENTION = re.compile(r"(?<![\w@])@([\w.\-/~+]*)$")
@@ -37,6 +36,7 @@ def suggest(before_cursor: str, files: Callable[[], list[str]],
         return len(before_cursor), found[:limit]
     m = PARTIAL_MENTION.search(before_cursor)
     if m:
+        from agent.mentions import complete  # lazily: it pulls in the tools package
         found = [Suggestion(f"@{path} ", path) for path in complete(m.group(1), files(), limit=limit)]
         return len(m.group(0)), found
     return 0, []

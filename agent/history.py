@@ -10,12 +10,12 @@ from __future__ import annotations
 import datetime
 from pathlib import Path
 
-from agent.tools.context import STATE_DIR, Workspace
-
 MAX_ENTRIES = 1000
 
 
 def history_path(root: Path) -> Path:
+    from agent.tools.context import STATE_DIR, Workspace  # lazily: the tools package is not needed to paint
+
     try:
         return Workspace(root).state_dir() / "history"  # creates .composer/ with its .gitignore
     except OSError:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual import events
 from textual.app import App
@@ -25,7 +25,7 @@ from textual.timer import Timer
 
 from agent import history
 from agent.approval import Ask, Decision
-from agent.interactive import Interactive, Outcome, help_text
+from agent.commands import Outcome, help_text
 from agent.protocol import (
     AssistantMessage,
     Event,
@@ -44,7 +44,10 @@ from agent.tui.prompt import CompletionMenu, PromptArea
 from agent.tui.pump import EventPump
 from agent.tui.transcript import Transcript
 
-Connect = Callable[[Callable[[Event], None], Ask], Interactive]
+if TYPE_CHECKING:  # the controller is imported on the connect thread, after the first paint
+    from agent.interactive import Interactive
+
+Connect = Callable[[Callable[[Event], None], Ask], "Interactive"]
 WELCOME = "Composer — Enter sends · Esc interrupts · ↑ history · /help for commands · Ctrl+D quits"
 STOPPED = {"max_turns": "the turn limit", "max_time": "the time limit", "max_tokens": "the token budget"}
 
@@ -86,7 +89,7 @@ class ComposerApp(App[int]):
         self._ticker: Timer | None = None
         self._last_ctrl_c = 0.0
         self._closed = False
-        self.history_file = history.history_path(root)
+        self.history_file: Path | None = None  # found on the connect thread
 
     def compose(self):
         with Horizontal(id="main"):
@@ -94,7 +97,7 @@ class ComposerApp(App[int]):
             yield TodoPanel(id="todos")
         yield ApprovalBar(id="approval")
         yield CompletionMenu(id="completions")
-        yield PromptArea(history.load(self.history_file), id="prompt")
+        yield PromptArea([], id="prompt")
         yield StatusBar(id="status")
 
     @property
@@ -129,6 +132,9 @@ class ComposerApp(App[int]):
             pass
 
     def _connect_work(self) -> None:
+        if self.history_file is None:
+            self.history_file = history.history_path(self.root)
+            self._to_ui(self.prompt.load_history, history.load(self.history_file))
         try:
             controller = self.connect_fn(self.pump, self.ask)
             controller.files()  # warm the @ completion cache here rather than on the first keystroke
@@ -136,6 +142,7 @@ class ComposerApp(App[int]):
             self._to_ui(self._connect_failed, str(e))
             return
         self._to_ui(self._connected, controller)
+        import agent.tui.answer  # noqa: F401 - warm the Markdown widget (~70 ms) before the first answer
 
     def _connected(self, controller: Interactive) -> None:
         self.controller, self.connect_error = controller, None
@@ -162,7 +169,7 @@ class ComposerApp(App[int]):
             self.prompt.set_text(text)
             self.notify("A turn is running: press Esc to interrupt it first.", timeout=3)
             return
-        history.append(self.history_file, text)
+        history.append(self.history_file or history.history_path(self.root), text)
         if text.strip().startswith("/"):
             self._command(text.strip())
         elif self.controller is None:
@@ -176,8 +183,8 @@ class ComposerApp(App[int]):
             self.transcript.add_user(text)
             self._run_turn(text)
 
-    def on_prompt_area_quit_requested(self) -> None:
-        self.run_action("quit")
+    async def on_prompt_area_quit_requested(self) -> None:
+        await self.action_quit()
 
     def _run_turn(self, text: str) -> None:
         controller = self.controller
@@ -345,13 +352,13 @@ class ComposerApp(App[int]):
         if self.busy and self.controller is not None:
             self.controller.interrupt()
 
-    def action_ctrl_c(self) -> None:
+    async def action_ctrl_c(self) -> None:
         if self.busy:
             self.action_interrupt()
         elif self.prompt.text:
             self.prompt.set_text("")
         elif self.clock() - self._last_ctrl_c < 1.5:
-            self.run_action("quit")
+            await self.action_quit()
         else:
             self._last_ctrl_c = self.clock()
             self.notify("Press Ctrl+C again (or Ctrl+D) to quit.", timeout=1.5)

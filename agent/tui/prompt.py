@@ -65,6 +65,10 @@ class PromptArea(TextArea):
         self._quiet = False  # text set by history: do not pop the menu up
         self._dismissed: str | None = None  # the text at which the user closed the menu with Esc
 
+    def load_history(self, entries: list[str]) -> None:
+        """History arrives after the first paint (reading it is not worth delaying the input box)."""
+        self.past = Cursor(entries + self.past.entries)  # anything sent meanwhile stays the newest
+
     @property
     def menu(self) -> CompletionMenu:
         return self.screen.query_one(CompletionMenu)

@@ -1,22 +1,25 @@
 """The conversation pane: user messages, streamed Markdown answers, tool cards and notices, in order.
 
 It stays scrolled to the bottom while output arrives (Textual's anchor) until the user scrolls up.
-Each turn's answer streams through Textual's MarkdownStream, which itself merges fragments when
+Each turn's answer (agent.tui.answer) streams through Textual's MarkdownStream, which itself merges fragments when
 rendering falls behind; the pump upstream already joins deltas per frame.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual.containers import Vertical, VerticalScroll
-from textual.widgets import Markdown, Static
+from textual.widgets import Static
 
 from agent.protocol import ToolCallFinished, ToolCallStarted
 from agent.render import call_brief
 from agent.tui.cards import ToolCard
+
+if TYPE_CHECKING:
+    from agent.tui.answer import AssistantText
 
 MENTION_APPENDIX = "\n\nFiles the user mentioned:\n"
 REASONING_TAIL_LINES = 4
@@ -44,23 +47,6 @@ class Reasoning(Static):
         self.text += text
         tail = self.text.strip().splitlines()[-REASONING_TAIL_LINES:]
         self.update(Text("thinking · " + "\n".join(tail), style="dim italic"))
-
-
-class AssistantText(Markdown):
-    def __init__(self, turn: int, markdown: str = ""):
-        super().__init__(markdown)
-        self.turn = turn
-        self.stream = None
-
-    async def write(self, text: str) -> None:
-        if self.stream is None:
-            self.stream = Markdown.get_stream(self)
-        await self.stream.write(text)
-
-    async def close(self) -> None:
-        if self.stream is not None:
-            await self.stream.stop()
-            self.stream = None
 
 
 class ToolGroup(Vertical):
@@ -102,6 +88,8 @@ class Transcript(VerticalScroll):
     async def text(self, turn: int, text: str) -> None:
         widget = self._texts.get(turn)
         if widget is None:
+            from agent.tui.answer import AssistantText  # loaded lazily, see answer.py
+
             widget = self._texts[turn] = AssistantText(turn)
             await self.mount(widget)
         await widget.write(text)
@@ -175,7 +163,9 @@ class Transcript(VerticalScroll):
                 self.add_user(str(m.get("content") or ""))
             elif m.get("role") == "assistant":
                 if m.get("content"):
-                    self.mount(Markdown(str(m["content"])))
+                    from agent.tui.answer import AssistantText
+
+                    self.mount(AssistantText(0, str(m["content"])))
                 for tc in m.get("tool_calls") or []:
                     fn = tc.get("function", {})
                     try:

@@ -13,10 +13,10 @@ import pytest
 
 from agent import history
 from agent.scripted import ScriptedServer
+from agent.tui.answer import AssistantText
 from agent.tui.approval import ApprovalBar
 from agent.tui.panels import TodoPanel
 from agent.tui.prompt import CompletionMenu
-from agent.tui.transcript import AssistantText
 
 from ...conftest import git
 from .harness import SIZE, card_states, connected, make_app, screen_text, send, until
@@ -227,6 +227,27 @@ def test_history_completion_multiline_and_todos(repo):
                 await until(pilot, lambda: menu.display and menu.suggestions[0].label == "/undo", "commands")
                 await pilot.press("enter")  # accepts the completion, does not send yet
                 assert prompt.text == "/undo" and not menu.display
+
+    asyncio.run(body())
+
+
+def test_ctrl_c_clears_then_quits_and_ctrl_d_quits_on_an_empty_prompt(tmp_path):
+    async def body():
+        with ScriptedServer([]) as srv:
+            app = make_app(tmp_path, srv.base_url)
+            async with app.run_test(size=SIZE) as pilot:
+                await connected(pilot)
+                await pilot.press(*"draft", "ctrl+d")  # with text, Ctrl+D deletes forward, as in editors
+                assert app.is_running and app.prompt.text == "draft"
+                await pilot.press("ctrl+c")
+                assert app.prompt.text == "" and app.is_running
+                await pilot.press("ctrl+c", "ctrl+c")
+                await until(pilot, lambda: app.return_code == 0, "Ctrl+C twice to quit")
+            app = make_app(tmp_path, srv.base_url)
+            async with app.run_test(size=SIZE) as pilot:
+                await connected(pilot)
+                await pilot.press("ctrl+d")
+                await until(pilot, lambda: app.return_code == 0, "Ctrl+D to quit")
 
     asyncio.run(body())
 
