@@ -124,10 +124,19 @@ class ComposerApp(App[int]):
         self._worker = threading.Thread(target=work, name=name, daemon=True)
         self._worker.start()
 
+    @property
+    def live(self) -> bool:
+        """False from the moment shutdown starts: the widgets may already be gone."""
+        return self.is_running and not self._closed
+
     def _to_ui(self, callback: Callable[..., Any], *args: Any) -> None:
-        """Run `callback` on the UI thread; a no-op once the app is gone."""
+        """Run `callback` on the UI thread; a no-op once the app is shutting down or gone."""
+
+        def guarded() -> Any:
+            return callback(*args) if self.live else None
+
         try:
-            self.call_from_thread(callback, *args)
+            self.call_from_thread(guarded)
         except RuntimeError:
             pass
 
@@ -249,6 +258,8 @@ class ComposerApp(App[int]):
     # -- events -----------------------------------------------------------------------------------
 
     async def _apply(self, events: list[Event]) -> None:
+        if not self.live:
+            return
         t = self.transcript
         status_changed = False
         for ev in events:
@@ -288,6 +299,8 @@ class ComposerApp(App[int]):
             self.transcript.notice(f"Stopped at {STOPPED[ev.status]} ({ev.turns} requests).", "warning")
 
     def _spin(self) -> None:
+        if not self.live:
+            return
         self._frame += 1
         cards = self.transcript.running_cards()
         for card in cards:
@@ -296,6 +309,8 @@ class ComposerApp(App[int]):
             self._spinner.pause()
 
     def _show_status(self) -> None:
+        if not self.live:
+            return
         self.query_one(StatusBar).show(self.status, self.clock(), self.busy)
 
     # -- approvals --------------------------------------------------------------------------------

@@ -17,9 +17,9 @@ from agent.tui.app import ComposerApp
 SIZE = (100, 32)
 
 
-def make_app(root: Path, base_url: str, approval: str = "auto", **kw) -> ComposerApp:
+def make_app(root: Path, base_url: str, approval: str = "auto", resume: str | None = None, **kw) -> ComposerApp:
     config = Config(base_url=base_url, approval=approval)
-    return ComposerApp(lambda emit, ask: Interactive(config, root, emit=emit, ask=ask), root=root,
+    return ComposerApp(lambda emit, ask: Interactive(config, root, emit=emit, ask=ask, resume=resume), root=root,
                        approval=approval, **kw)
 
 
@@ -32,6 +32,12 @@ async def until(pilot, condition: Callable[[], object], what: str, timeout: floa
             return value
         await pilot.pause(0.02)
     raise AssertionError(f"timed out waiting for {what}; the screen was:\n{screen_text(pilot.app)}")
+
+
+async def shows(pilot, *texts: str, timeout: float = 15.0) -> str:
+    """Wait until the screen shows every one of `texts` (widgets repaint a frame after they change)."""
+    return await until(pilot, lambda: all(t in (s := screen_text(pilot.app)) for t in texts) and s,
+                       f"the screen to show {texts}", timeout)
 
 
 async def connected(pilot) -> None:

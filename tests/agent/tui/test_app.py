@@ -19,7 +19,7 @@ from agent.tui.panels import TodoPanel
 from agent.tui.prompt import CompletionMenu
 
 from ...conftest import git
-from .harness import SIZE, card_states, connected, make_app, screen_text, send, until
+from .harness import SIZE, card_states, connected, make_app, screen_text, send, shows, until
 
 
 @pytest.fixture
@@ -53,10 +53,8 @@ def test_a_task_streams_markdown_and_parallel_cards_run_side_by_side(repo):
                 await until(pilot, lambda: card_states(app).count("running") >= 3, "three running cards")
                 await until(pilot, lambda: not app.busy and "All good" in screen_text(app), "the answer")
                 assert card_states(app) == ["ok"] * 4
-                screen = screen_text(app)
-                assert "Checking three things at once." in screen and "• out0, out1, out2" in screen
-                assert "✓ shell  sleep 0.8; echo out0  exit 0" in screen
-                assert "✓ grep  'return'  1 matching line in 1 file" in screen
+                await shows(pilot, "Checking three things at once.", "• out0, out1, out2",
+                            "✓ shell  sleep 0.8; echo out0  exit 0", "✓ grep  'return'  1 matching line in 1 file")
                 cards = list(app.transcript.cards.values())
                 assert all(not c.expanded for c in cards)  # collapsed to one line when done
                 cards[1].focus()
@@ -90,7 +88,7 @@ def test_ask_mode_approves_once_denies_with_a_reason_and_always(repo):
                 await send(pilot, "make files")
                 await until(pilot, lambda: bar.display and app.pending, "the first question")
                 assert card_states(app) == ["asking"], screen_text(app)
-                assert "Run this command?" in screen_text(app) and "$ echo yes > approved.txt" in screen_text(app)
+                await shows(pilot, "Run this command?", "$ echo yes > approved.txt")
                 await pilot.press("y")
                 await until(pilot, lambda: (repo / "approved.txt").exists(), "the approved command to run")
 
@@ -104,7 +102,8 @@ def test_ask_mode_approves_once_denies_with_a_reason_and_always(repo):
                 assert (repo / "always0.txt").exists() and (repo / "always1.txt").exists()
                 assert not bar.display and app.focused is app.prompt
                 denied = list(app.transcript.cards.values())[1]
-                assert denied.state == "failed" and "declined" in screen_text(app)
+                assert denied.state == "failed"
+                await shows(pilot, "declined")
                 told = srv.chat_requests()[2]["messages"][-1]
                 assert told["role"] == "tool" and "declined" in told["content"]
                 assert "use python instead" in told["content"]
@@ -128,14 +127,14 @@ def test_an_edit_shows_a_coloured_diff_and_undo_restores_the_file(repo):
                 await until(pilot, lambda: not app.busy and "Fixed." in screen_text(app), "the edit")
                 assert (repo / "calc.py").read_text().endswith("return a + b\n")
                 card = next(iter(app.transcript.cards.values()))
-                assert "✓ edit_file  calc.py  +1 −1" in screen_text(app)
+                await shows(pilot, "✓ edit_file  calc.py  +1 −1")
                 await pilot.click(card)
                 rendered = card.query_one("#body").render()
                 lines = str(rendered).splitlines()
                 assert lines[:3] == ["--- a/calc.py", "+++ b/calc.py", "@@ -1,2 +1,2 @@"]
                 colour = {str(rendered)[s.start:s.end]: str(s.style) for s in rendered.spans}
                 assert "red" in colour["-    return a - b"] and "green" in colour["+    return a + b"]
-                assert "-    return a - b" in screen_text(app)
+                await shows(pilot, "-    return a - b")
 
                 await send(pilot, "/undo")
                 await until(pilot, lambda: "Restored: calc.py" in screen_text(app), "the undo notice")
@@ -169,7 +168,7 @@ def test_escape_interrupts_a_slow_stream_and_a_running_command(repo):
                 await pilot.pause(0.3)
                 await pilot.press("escape")
                 await until(pilot, lambda: not app.busy, "the command to be killed", timeout=5)
-                assert "interrupted" in screen_text(app)
+                await shows(pilot, "interrupted")
 
                 await send(pilot, "go on")  # the session is consistent: the next turn just works
                 await until(pilot, lambda: "Still here." in screen_text(app), "the next answer")
@@ -219,14 +218,39 @@ def test_history_completion_multiline_and_todos(repo):
                 sent = srv.chat_requests()[0]["messages"][-1]["content"]
                 assert sent.startswith("look at @calc.py \nand plan") and "return a - b" in sent  # attached
                 todos = app.query_one(TodoPanel)
-                assert todos.display and "Todos 1/3" in screen_text(app)
-                assert "▸ fix add" in screen_text(app)
+                assert todos.display
+                await shows(pilot, "Todos 1/3", "▸ fix add")
                 assert history.load(history.history_path(repo))[-1] == "look at @calc.py \nand plan"
 
                 await pilot.press("/", "u", "n")
                 await until(pilot, lambda: menu.display and menu.suggestions[0].label == "/undo", "commands")
                 await pilot.press("enter")  # accepts the completion, does not send yet
                 assert prompt.text == "/undo" and not menu.display
+
+    asyncio.run(body())
+
+
+def test_clear_starts_over_and_resume_shows_the_saved_conversation(repo):
+    script = [{"content": "The answer is **42**."}, {"content": "Fresh start."}]
+
+    async def body():
+        with ScriptedServer(script) as srv:
+            app = make_app(repo, srv.base_url)
+            async with app.run_test(size=SIZE) as pilot:
+                await connected(pilot)
+                first = app.controller.rt.session.id
+                await send(pilot, "what is the answer?")
+                await until(pilot, lambda: not app.busy and "The answer is 42." in screen_text(app), "answer")
+                await send(pilot, "/clear")
+                await until(pilot, lambda: "New session" in screen_text(app), "the clear")
+                assert "The answer is 42." not in screen_text(app) and app.controller.rt.session.id != first
+                await send(pilot, "hello again")
+                await until(pilot, lambda: "Fresh start." in screen_text(app), "the new session's answer")
+            app = make_app(repo, srv.base_url, resume=first)
+            async with app.run_test(size=SIZE) as pilot:
+                await until(pilot, lambda: f"Resumed session {first}" in screen_text(app), "the resumed session")
+                screen = await shows(pilot, "what is the answer?", "The answer is 42.")
+                assert "hello again" not in screen
 
     asyncio.run(body())
 
@@ -256,8 +280,8 @@ def test_an_unreachable_server_is_reported_and_the_app_stays_usable(tmp_path):
     async def body():
         app = make_app(tmp_path, "http://127.0.0.1:9/v1")
         async with app.run_test(size=SIZE) as pilot:
-            await until(pilot, lambda: app.connect_error, "the connection error")
-            assert "Cannot start the session" in screen_text(app)
+            await until(pilot, lambda: "Cannot start the session" in screen_text(app), "the connection error")
+            assert app.connect_error and "not connected" in str(app.query_one("#status").render())
             await send(pilot, "/help")
             await until(pilot, lambda: "/undo" in screen_text(app), "help without a server")
             await send(pilot, "/exit")
