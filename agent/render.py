@@ -14,7 +14,15 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from agent.protocol import Event, Finished, SessionStarted, ToolCallFinished, UsageReport
+from agent.protocol import (
+    Event,
+    Finished,
+    Retrying,
+    SessionStarted,
+    Summarized,
+    ToolCallFinished,
+    UsageReport,
+)
 
 TODO_MARKS = {"completed": "✓", "in_progress": "▸", "pending": "○"}
 TAIL_LINES = 12
@@ -190,6 +198,28 @@ def _shell_status(d: dict[str, Any]) -> str:
     if d.get("interrupted"):
         return "interrupted"
     return f"exit code {d.get('exit_code')}"
+
+
+# -- the run ------------------------------------------------------------------------------------------
+
+STOPPED = {"max_turns": "the turn limit", "max_time": "the time limit", "max_tokens": "the token budget"}
+
+
+def run_notice(event: Event) -> tuple[str, str] | None:
+    """(kind, text) of what to say about a retry, a summary or the end of a run; None: say nothing.
+    kind: info | warning | error."""
+    if isinstance(event, Retrying):
+        return "info", f"Retrying in {event.delay_s:.1f}s ({event.reason})."
+    if isinstance(event, Summarized):
+        return "info", f"Context summarised ({event.tokens_before} → {event.tokens_after} tokens)."
+    if isinstance(event, Finished):
+        if event.status == "interrupted":
+            return "warning", "Interrupted."
+        if event.status == "error":
+            return "error", f"Error: {event.error}"
+        if event.status in STOPPED:
+            return "warning", f"Stopped at {STOPPED[event.status]} ({plural(event.turns, 'request')})."
+    return None
 
 
 # -- approvals -----------------------------------------------------------------------------------------

@@ -25,11 +25,18 @@ from agent.protocol import (
     ToolCallFinished,
     ToolCallStarted,
 )
-from agent.render import MAX_DETAIL_LINES, Status, call_brief, diff_lines, human_seconds, result_summary
+from agent.render import (
+    MAX_DETAIL_LINES,
+    Status,
+    call_brief,
+    diff_lines,
+    human_seconds,
+    result_summary,
+    run_notice,
+)
 
 ANSI = {"add": "32", "remove": "31", "hunk": "36", "header": "1", "dim": "2", "bold": "1", "error": "31",
         "ok": "32", "warning": "33", "tool": "36", "question": "1;35", "command": "1"}
-STOPPED = {"max_turns": "the turn limit", "max_time": "the time limit", "max_tokens": "the token budget"}
 
 
 def supports_colour(out: TextIO) -> bool:
@@ -115,13 +122,8 @@ class Printer:
             self.line(f"{self.paint(self.arrow, 'tool')} {self.paint(ev.name, 'bold')} {brief}")
         elif isinstance(ev, ToolCallFinished):
             self._finished_call(ev)
-        elif isinstance(ev, Retrying):
-            self.line(f"… retrying in {ev.delay_s:.1f}s ({ev.reason}); the partial answer above is discarded",
-                      "warning")
-        elif isinstance(ev, Summarized):
-            self.line(f"… context summarised ({ev.tokens_before} → {ev.tokens_after} tokens)", "dim")
-        elif isinstance(ev, Finished):
-            self._finished_run(ev)
+        elif isinstance(ev, (Retrying, Summarized, Finished)):
+            self._run_notice(ev)
         elif isinstance(ev, SessionStarted) and ev.resumed:
             self.line(f"Resumed session {ev.session_id}.", "dim")
 
@@ -135,13 +137,14 @@ class Printer:
         if ev.name in ("edit_file", "write_file") and diff:
             self.lines(diff_lines(diff)[:MAX_DETAIL_LINES])
 
-    def _finished_run(self, ev: Finished) -> None:
-        if ev.status == "interrupted":
-            self.line("Interrupted.", "warning")
-        elif ev.status == "error":
-            self.line(f"Error: {ev.error}", "error")
-        elif ev.status in STOPPED:
-            self.line(f"Stopped at {STOPPED[ev.status]} ({ev.turns} requests).", "warning")
-        parts = self.status.parts(0.0)[1:]  # the model's name was shown at start
-        if parts:
-            self.line("  " + " · ".join(p for p in parts if not p.startswith("approval")), "dim")
+    def _run_notice(self, ev: Event) -> None:
+        notice = run_notice(ev)
+        if notice:
+            kind, text = notice
+            if isinstance(ev, Retrying):
+                text += " The partial answer above is discarded."  # printed lines cannot be taken back
+            self.line(text, "dim" if kind == "info" else kind)
+        if isinstance(ev, Finished):
+            parts = self.status.parts(0.0)[1:]  # the model's name was shown at start
+            if parts:
+                self.line("  " + " · ".join(p for p in parts if not p.startswith("approval")), "dim")

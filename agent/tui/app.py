@@ -26,19 +26,10 @@ from textual.timer import Timer
 from agent import history
 from agent.approval import Ask, Decision
 from agent.commands import Outcome, help_text
-from agent.protocol import (
-    AssistantMessage,
-    Event,
-    Finished,
-    ReasoningDelta,
-    Retrying,
-    Summarized,
-    TextDelta,
-    ToolCallFinished,
-    ToolCallStarted,
-)
+from agent.protocol import Event
 from agent.render import Status
 from agent.tui.approval import ApprovalBar
+from agent.tui.feed import Feed
 from agent.tui.panels import StatusBar, TodoPanel
 from agent.tui.prompt import CompletionMenu, PromptArea
 from agent.tui.pump import EventPump
@@ -49,7 +40,6 @@ if TYPE_CHECKING:  # the controller is imported on the connect thread, after the
 
 Connect = Callable[[Callable[[Event], None], Ask], "Interactive"]
 WELCOME = "Composer — Enter sends · Esc interrupts · ↑ history · /help for commands · Ctrl+D quits"
-STOPPED = {"max_turns": "the turn limit", "max_time": "the time limit", "max_tokens": "the token budget"}
 
 
 @dataclass
@@ -77,15 +67,14 @@ class ComposerApp(App[int]):
         super().__init__()
         self.connect_fn, self.root, self.clock, self.animate = connect, root, clock, animate
         self.status = Status(approval=approval)
-        self.pump = EventPump(self._apply)
+        self.feed = Feed(self)
+        self.pump = EventPump(self.feed.apply)
         self.controller: Interactive | None = None
         self.connect_error: str | None = None
         self.busy = False
         self.pending: PendingApproval | None = None
         self._worker: threading.Thread | None = None
         self._waiting: str | None = None  # a task sent before the connection was up
-        self._frame = 0
-        self._spinner: Timer | None = None
         self._ticker: Timer | None = None
         self._last_ctrl_c = 0.0
         self._closed = False
@@ -112,10 +101,10 @@ class ComposerApp(App[int]):
         self.pump.attach(asyncio.get_running_loop(), self.set_timer)
         self.transcript.notice(WELCOME, "dim")
         self.prompt.focus()
-        self._show_status()
+        self.show_status()
         if self.animate:
-            self._spinner = self.set_interval(0.1, self._spin, pause=True)
-            self._ticker = self.set_interval(1.0, self._show_status, pause=True)
+            self.feed.start_spinner()
+            self._ticker = self.set_interval(1.0, self.show_status, pause=True)
         self._start("connect", self._connect_work)
 
     # -- threads ----------------------------------------------------------------------------------
@@ -168,7 +157,7 @@ class ComposerApp(App[int]):
         self._waiting = None
         self.transcript.notice(f"Cannot start the session: {error}\nSend a message to retry, or /exit.", "error")
         self.status.model = "not connected"
-        self._show_status()
+        self.show_status()
 
     # -- input ------------------------------------------------------------------------------------
 
@@ -253,62 +242,9 @@ class ComposerApp(App[int]):
             self.status.running_since = None
         if self._ticker is not None:
             self._ticker.resume() if busy else self._ticker.pause()
-        self._show_status()
+        self.show_status()
 
-    # -- events -----------------------------------------------------------------------------------
-
-    async def _apply(self, events: list[Event]) -> None:
-        if not self.live:
-            return
-        t = self.transcript
-        status_changed = False
-        for ev in events:
-            status_changed |= self.status.apply(ev)
-            if isinstance(ev, TextDelta):
-                await t.text(ev.turn, ev.text)
-            elif isinstance(ev, ReasoningDelta):
-                t.reasoning(ev.turn, ev.text)
-            elif isinstance(ev, AssistantMessage):
-                await t.end_text(ev.turn)
-            elif isinstance(ev, ToolCallStarted):
-                t.tool_started(ev)
-                if self._spinner is not None:
-                    self._spinner.resume()
-            elif isinstance(ev, ToolCallFinished):
-                t.tool_finished(ev)
-                if ev.name == "todo_write" and ev.ok:
-                    self.query_one(TodoPanel).show(ev.data.get("todos") or [])
-            elif isinstance(ev, Retrying):
-                await t.discard_turn_output(ev.turn)
-                t.notice(f"Retrying in {ev.delay_s:.1f}s ({ev.reason})", "dim")
-            elif isinstance(ev, Summarized):
-                t.notice(f"Context summarised ({ev.tokens_before} → {ev.tokens_after} tokens).", "dim")
-            elif isinstance(ev, Finished):
-                await t.end_run()
-                self._finished(ev)
-        t.follow()
-        if status_changed:
-            self._show_status()
-
-    def _finished(self, ev: Finished) -> None:
-        if ev.status == "interrupted":
-            self.transcript.notice("Interrupted.", "warning")
-        elif ev.status == "error":
-            self.transcript.notice(f"Error: {ev.error}", "error")
-        elif ev.status in STOPPED:
-            self.transcript.notice(f"Stopped at {STOPPED[ev.status]} ({ev.turns} requests).", "warning")
-
-    def _spin(self) -> None:
-        if not self.live:
-            return
-        self._frame += 1
-        cards = self.transcript.running_cards()
-        for card in cards:
-            card.tick(self._frame)
-        if not cards and self._spinner is not None:
-            self._spinner.pause()
-
-    def _show_status(self) -> None:
+    def show_status(self) -> None:
         if not self.live:
             return
         self.query_one(StatusBar).show(self.status, self.clock(), self.busy)

@@ -8,7 +8,16 @@ import threading
 
 from agent import history
 from agent.completion import suggest
-from agent.protocol import Finished, SessionStarted, TextDelta, ToolCallFinished, ToolCallStarted, UsageReport
+from agent.protocol import (
+    Finished,
+    Retrying,
+    SessionStarted,
+    Summarized,
+    TextDelta,
+    ToolCallFinished,
+    ToolCallStarted,
+    UsageReport,
+)
 from agent.render import (
     Status,
     approval_preview,
@@ -19,6 +28,7 @@ from agent.render import (
     one_line,
     output_tail,
     result_summary,
+    run_notice,
 )
 from agent.tui.pump import EventPump, coalesce
 
@@ -105,6 +115,19 @@ def test_status_follows_events():
     s.apply(Finished("completed", "", 1, 61.0, 3000, 200, "id"))
     assert s.line(99) == "qwen · ctx 3.2k/32.8k (10%) · 150 tok/s · 1m01s · approval: ask"
     assert not s.apply(ToolCallStarted(1, 0, "c", "shell", {}))
+
+
+def test_run_notices():
+    def fin(status, error=None):
+        return Finished(status, "", 3, 1.0, 0, 0, "id", error)
+
+    assert run_notice(fin("completed")) is None
+    assert run_notice(fin("interrupted")) == ("warning", "Interrupted.")
+    assert run_notice(fin("error", "401 bad key")) == ("error", "Error: 401 bad key")
+    assert run_notice(fin("max_turns")) == ("warning", "Stopped at the turn limit (3 requests).")
+    assert run_notice(Retrying(1, 2, 1.5, "HTTP 503")) == ("info", "Retrying in 1.5s (HTTP 503).")
+    assert run_notice(Summarized(2, "…", 9000, 1200)) == ("info", "Context summarised (9000 → 1200 tokens).")
+    assert run_notice(TextDelta(1, "x")) is None
 
 
 def test_completion_offers_commands_and_files():
