@@ -232,8 +232,9 @@ def approval_preview(name: str, args: dict[str, Any]) -> tuple[str, list[tuple[s
     path = str(args.get("path", "?"))
     if name == "edit_file":
         old, new = str(args.get("old_string", "")), str(args.get("new_string", ""))
-        diff = "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
-                                            f"a/{path}", f"b/{path}", n=2))
+        # lineterm="": strings without a final newline would otherwise run their -/+ lines together.
+        diff = "\n".join(difflib.unified_diff(old.splitlines(), new.splitlines(), f"a/{path}", f"b/{path}",
+                                              n=2, lineterm=""))
         verb = "Create" if not old else "Edit"
         return f"{verb} {path}?", diff_lines(diff)[:APPROVAL_PREVIEW_LINES]
     if name == "write_file":

@@ -94,21 +94,27 @@ class ToolCard(Widget, can_focus=True):
             "asking": ("?", "bold magenta"), "ok": ("✓", "green"), "failed": ("✗", "red"),
             "cancelled": ("■", "dim"),
         }[self.state]
+        tail = Text()
+        if self.state == "asking":
+            tail.append("  waiting for your answer", style="magenta")
+        elif self.state == "cancelled":
+            tail.append("  interrupted", style="dim")
+        elif self.finished is not None:
+            summary = result_summary(self.finished)
+            tail.append(f"  {summary}", style="red" if self.state == "failed" else "dim")
+            tail.append(f"  {human_seconds(self.finished.duration_s)}", style="dim")
+            tail.append("  ▾" if self.expanded else "  ▸", style="dim")
         head = Text(no_wrap=True, overflow="ellipsis")
         head.append(f"{icon} ", style=icon_style)
         head.append(self.tool, style="bold")
-        if self.brief:
-            head.append(f"  {self.brief}")
-        if self.state == "asking":
-            head.append("  waiting for your answer", style="magenta")
-        elif self.state == "cancelled":
-            head.append("  interrupted", style="dim")
-        elif self.finished is not None:
-            summary = result_summary(self.finished)
-            head.append(f"  {summary}", style="red" if self.state == "failed" else "dim")
-            head.append(f"  {human_seconds(self.finished.duration_s)}", style="dim")
-            head.append("  ▾" if self.expanded else "  ▸", style="dim")
-        return head
+        # The brief gives way first, so the outcome stays visible on narrow screens.
+        room = (self.size.width or 100) - 2 - len(head) - len(tail)
+        if self.brief and room > 3:
+            head.append("  " + (self.brief if len(self.brief) <= room else self.brief[: room - 1] + "…"))
+        return head + tail
+
+    def on_resize(self) -> None:
+        self.head.update(self._head())
 
     def watch_expanded(self, expanded: bool) -> None:
         self.set_class(expanded, "-expanded")

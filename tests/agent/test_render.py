@@ -101,6 +101,8 @@ def test_approval_previews():
     assert q == "Run this command?" and lines == [("command", "$ make"), ("command", "  make test")]
     q, lines = approval_preview("edit_file", {"path": "a.py", "old_string": "x = 1\n", "new_string": "x = 2\n"})
     assert q == "Edit a.py?" and ("remove", "-x = 1") in lines and ("add", "+x = 2") in lines
+    _, lines = approval_preview("edit_file", {"path": "a.py", "old_string": "a - b", "new_string": "a + b"})
+    assert lines[-2:] == [("remove", "-a - b"), ("add", "+a + b")]
     q, lines = approval_preview("write_file", {"path": "n.txt", "content": "a\nb\n"})
     assert q == "Write n.txt (2 lines)?" and lines == [("add", "+a"), ("add", "+b")]
 
