@@ -24,12 +24,13 @@ COMMANDS = [
     Command("/undo", "", "restore the files the last turn changed"),
     Command("/exit", "", "quit"),
 ]
-KEYS = [("Enter", "send"), ("Shift+Enter / Ctrl+J", "new line"), ("Up / Down", "history"),
-        ("@", "mention a file"), ("Esc / Ctrl+C", "interrupt the running turn"), ("Ctrl+D", "quit")]
+KEYS = [("Enter", "send"), ("Ctrl+J / Alt+Enter", "new line"), ("Up / Down", "history"),
+        ("@", "mention a file (Tab completes)"), ("Ctrl+C", "interrupt the running turn (also Esc full-screen)"),
+        ("Ctrl+D", "quit (on an empty line)")]
 
 
 def help_text() -> str:
-    width = max(len(f"{c.name} {c.args}".strip()) for c in COMMANDS)
+    width = max([len(f"{c.name} {c.args}".strip()) for c in COMMANDS] + [len(k) for k, _ in KEYS])
     lines = ["Commands:"] + [f"  {f'{c.name} {c.args}'.strip():<{width}}  {c.help}" for c in COMMANDS]
     lines += ["Keys:"] + [f"  {k:<{width}}  {v}" for k, v in KEYS]
     return "\n".join(lines)
