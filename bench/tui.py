@@ -119,6 +119,10 @@ def bench_stream(repo: Path, tokens: int, rate: float, plain: bool = False) -> N
             for m in WORD.finditer(ANSI.sub("", pending[:cut])):
                 first_seen.setdefault(int(m.group(1)), now)
             tail = pending[cut:]
+        try:  # let the turn end (usage shown) before quitting, or the server writes into a closed socket
+            read_until(child, "tok/s", time.perf_counter(), timeout=10)
+        except RuntimeError:
+            pass
         quit_app(child)
         # A word counts as sent when the chunk holding its last character was written.
         streamed, ends = "", []
