@@ -40,6 +40,13 @@ def one_line(text: Any, width: int = 100) -> str:
     return first + " …" if len(lines) > 1 else first
 
 
+def typed_text(user_content: str) -> str:
+    """A user message as the user typed it, without the files attached for its @mentions."""
+    from agent.mentions import MENTION_APPENDIX  # lazily: mentions loads the tools package
+
+    return user_content.split(MENTION_APPENDIX)[0]
+
+
 def plural(n: int, noun: str) -> str:
     return f"{n} {noun}{'' if n == 1 else 's'}"
 

@@ -25,7 +25,7 @@ from agent.config import Config
 from agent.interactive import Interactive, Outcome
 from agent.plain.printer import Printer, supports_colour
 from agent.plain.prompt import LineReader, Reader, dumb_terminal_session
-from agent.render import Status, approval_preview
+from agent.render import Status, approval_preview, typed_text
 from agent.session import SessionNotFound
 
 EXIT_INTERRUPTED = 130
@@ -120,7 +120,7 @@ class LineMode:
     def _replay(self, messages: list[dict[str, Any]]) -> None:
         for m in messages:
             if m.get("role") == "user":
-                self.printer.line("› " + str(m.get("content") or "").split("\n\nFiles the user mentioned:")[0], "bold")
+                self.printer.line("› " + typed_text(str(m.get("content") or "")), "bold")
             elif m.get("content"):
                 self.printer.line(str(m["content"]))
 

@@ -74,7 +74,7 @@ class PromptArea(TextArea):
         return self.screen.query_one(CompletionMenu)
 
     def set_text(self, text: str) -> None:
-        self._quiet = True
+        self._quiet = text != self.text  # an unchanged text posts no Changed event to clear the flag
         self.load_text(text)
         self.move_cursor(self.document.end)
 

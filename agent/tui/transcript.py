@@ -1,8 +1,8 @@
 """The conversation pane: user messages, streamed Markdown answers, tool cards and notices, in order.
 
 It stays scrolled to the bottom while output arrives (Textual's anchor) until the user scrolls up.
-Each turn's answer (agent.tui.answer) streams through Textual's MarkdownStream, which itself merges fragments when
-rendering falls behind; the pump upstream already joins deltas per frame.
+Each turn's answer (agent.tui.answer) streams through Textual's MarkdownStream, which itself merges
+fragments when rendering falls behind; the pump upstream already joins deltas per frame.
 """
 
 from __future__ import annotations
@@ -15,13 +15,12 @@ from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Static
 
 from agent.protocol import ToolCallFinished, ToolCallStarted
-from agent.render import call_brief
+from agent.render import call_brief, typed_text
 from agent.tui.cards import ToolCard
 
 if TYPE_CHECKING:
     from agent.tui.answer import AssistantText
 
-MENTION_APPENDIX = "\n\nFiles the user mentioned:\n"
 REASONING_TAIL_LINES = 4
 
 
@@ -74,7 +73,7 @@ class Transcript(VerticalScroll):
 
     def add_user(self, text: str) -> None:
         self._turn_boundary()
-        self.mount(UserMessage(Text(text.split(MENTION_APPENDIX)[0], style="bold")))
+        self.mount(UserMessage(Text(typed_text(text), style="bold")))
         if self.is_anchored:
             self.scroll_end(animate=False)  # sending a message brings the view back to the bottom
         self.follow()

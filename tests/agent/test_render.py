@@ -29,6 +29,7 @@ from agent.render import (
     output_tail,
     result_summary,
     run_notice,
+    typed_text,
 )
 from agent.tui.pump import EventPump, coalesce
 
@@ -76,6 +77,15 @@ def test_declined_and_interrupted_calls_say_so():
     cut = ToolCallFinished(1, 0, "c", "shell", False, "x\n[interrupted]", 0.2,
                            {"command": "sleep 9", "exit_code": 130, "interrupted": True})
     assert result_summary(cut) == "interrupted"
+
+
+def test_typed_text_drops_the_attached_files(tmp_path):
+    from agent.mentions import expand
+    from agent.tools import ToolContext
+
+    (tmp_path / "a.py").write_text("x = 1\n")
+    sent, attached = expand("look at @a.py", ToolContext.for_root(tmp_path))
+    assert attached == ["a.py"] and typed_text(sent) == "look at @a.py"
 
 
 def test_briefs_hits_and_lines():
