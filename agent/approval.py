@@ -13,9 +13,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from agent.tools import Tool, ToolCall
+if TYPE_CHECKING:  # front-ends import Decision at start-up; the tools package can load later
+    from agent.tools import Tool, ToolCall
 
 READ_ONLY_REFUSAL = (
     "Refused: this session is read-only, so {name} is not allowed. Continue with read-only tools "
@@ -29,7 +30,7 @@ class Decision:
     reason: str = ""
 
 
-Ask = Callable[[ToolCall, Tool, dict[str, Any]], Decision]
+Ask = Callable[["ToolCall", "Tool", dict[str, Any]], Decision]
 
 
 class Approvals:

@@ -1,6 +1,7 @@
 """`composer-agent`: the entry point. Flags live here and nowhere else.
 
-    composer-agent [options]                 interactive, in the current repository
+    composer-agent [options]                 interactive (full-screen), in the current repository
+    composer-agent --plain [options]         interactive, line by line
     composer-agent --task "TEXT" [--json]    headless
     composer-agent index [--rebuild]         build or refresh the semantic search index
     composer-agent search "QUERY" [-k N] [--json]
@@ -12,6 +13,7 @@ stay fast.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -31,9 +33,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task", metavar="TEXT", help="run this task headless and print the final answer")
     p.add_argument("--cwd", metavar="DIR", type=Path, help="workspace root (default: the current directory)")
     p.add_argument("--json", action="store_true", help="headless: print one JSON event per line on stdout")
+    p.add_argument("--plain", action="store_true",
+                   help="line-by-line interface instead of the full-screen one (automatic when stdout is "
+                        "not a terminal or TERM=dumb)")
     p.add_argument("--resume", metavar="ID|last", help="continue a saved session")
     p.add_argument("--approval", choices=["auto", "ask", "read-only"],
-                   help="which tool calls need a yes (headless: auto or read-only; default auto)")
+                   help="which tool calls need a yes: shell and writes (interactive default ask; "
+                        "headless: auto or read-only, default auto)")
     p.add_argument("--sandbox", action="store_true", default=None,
                    help="run shell commands under bubblewrap: no network, writes only in the workspace")
     m = p.add_argument_group("model server")
@@ -64,20 +70,32 @@ def main(argv: list[str] | None = None) -> int:
     flags = {"base_url": args.base_url, "model": args.model, "api_key": args.api_key,
              "context_window": args.context_window, "max_turns": args.max_turns, "max_time_s": args.max_time,
              "token_budget": args.token_budget, "approval": args.approval, "sandbox": args.sandbox}
+    headless = args.task is not None or args.json
     try:
-        config = load_config(root, flags)
+        # Interactively a person is there to answer, so shell and writes ask unless configured otherwise.
+        config = load_config(root, flags, defaults=None if headless else {"approval": "ask"})
     except ConfigError as e:
         print(f"composer-agent: error: {e}", file=sys.stderr)
         return 2
-    if args.task is not None or args.json:
+    if headless:
         if args.task is not None and not args.task.strip():
             parser.error("--task is empty")
-        from agent import headless
+        from agent import headless as headless_mode
 
-        return headless.run(config, root, args.task, as_json=args.json, resume=args.resume)
-    print("composer-agent: the interactive interface is not available in this build; "
-          "run a task headless with --task \"...\"", file=sys.stderr)
-    return 2
+        return headless_mode.run(config, root, args.task, as_json=args.json, resume=args.resume)
+    if args.plain or not full_terminal():
+        from agent.plain import run as run_plain
+
+        return run_plain(config, root, resume=args.resume)
+    from agent.tui import run as run_tui
+
+    return run_tui(config, root, resume=args.resume)
+
+
+def full_terminal() -> bool:
+    """Whether a full-screen app can run: both ends are terminals and the terminal is not dumb."""
+    term = os.environ.get("TERM", "")
+    return sys.stdin.isatty() and sys.stdout.isatty() and term not in ("", "dumb", "unknown")
 
 
 def _subcommand(name: str, rest: list[str]) -> int:

@@ -76,10 +76,14 @@ def user_config_dir() -> Path:
     return Path(base) / "composer"
 
 
-def load_config(cwd: Path, flags: dict[str, Any] | None = None, env: dict[str, str] | None = None) -> Config:
-    """Merge user file < repo file < environment < flags (None values in flags mean "not given")."""
+def load_config(cwd: Path, flags: dict[str, Any] | None = None, env: dict[str, str] | None = None,
+                defaults: dict[str, Any] | None = None) -> Config:
+    """Merge defaults < user file < repo file < environment < flags (None in flags means "not given").
+
+    `defaults` are a front-end's own defaults over the dataclass's, e.g. the interactive interfaces ask
+    before shell and writes unless a config file or flag chose another approval mode."""
     env = os.environ if env is None else env
-    merged: dict[str, Any] = {}
+    merged: dict[str, Any] = dict(defaults or {})
     for path in (user_config_dir() / "config.toml", cwd / ".composer" / "config.toml"):
         merged.update(_read_toml(path))
     for key, var in ENV.items():

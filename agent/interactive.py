@@ -2,7 +2,8 @@
 
 The TUI and the line-mode interface are views: they render agent.protocol events and call this
 controller; neither holds logic of its own. `run_turn` blocks (front-ends call it from a worker
-thread); `interrupt` may be called from any thread. Slash commands are defined once, here.
+thread); `interrupt` may be called from any thread. Slash commands are defined once, in
+agent.commands (light, so input boxes can complete them before the controller is loaded).
 """
 
 from __future__ import annotations
@@ -11,56 +12,18 @@ import io
 import time
 from collections.abc import Callable
 from contextlib import redirect_stderr, redirect_stdout
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 from agent.approval import Approvals, Ask
 from agent.checkpoint import CheckpointError, Checkpoints
 from agent.client import Model, ModelError, OpenAIClient
+from agent.commands import COMMANDS, KEYS, Command, Outcome, help_text  # noqa: F401 - re-exported
 from agent.config import Config
 from agent.mentions import expand, repo_files
 from agent.protocol import Event, Finished, Message
 from agent.runtime import Runtime, build, sessions_dir
 from agent.session import SessionNotFound, load
-
-
-@dataclass(frozen=True)
-class Command:
-    name: str
-    args: str
-    help: str
-
-
-COMMANDS = [
-    Command("/help", "", "show commands and keys"),
-    Command("/clear", "", "start a new conversation (a new session)"),
-    Command("/model", "[NAME]", "show the model, or switch to NAME"),
-    Command("/resume", "[ID|last]", "list recent sessions, or continue one"),
-    Command("/index", "[--rebuild]", "build or refresh the semantic search index"),
-    Command("/compact", "", "summarise the conversation now to free context"),
-    Command("/undo", "", "restore the files the last turn changed"),
-    Command("/exit", "", "quit"),
-]
-KEYS = [("Enter", "send"), ("Shift+Enter / Ctrl+J", "new line"), ("Up / Down", "history"),
-        ("@", "mention a file"), ("Esc / Ctrl+C", "interrupt the running turn"), ("Ctrl+D", "quit")]
-
-
-@dataclass
-class Outcome:
-    """What a slash command did, for the front-end to show."""
-
-    text: str = ""
-    exit: bool = False
-    clear: bool = False  # the transcript starts over
-    replay: list[Message] = field(default_factory=list)  # a resumed conversation to show
-    error: bool = False
-
-
-def help_text() -> str:
-    width = max(len(f"{c.name} {c.args}".strip()) for c in COMMANDS)
-    lines = ["Commands:"] + [f"  {f'{c.name} {c.args}'.strip():<{width}}  {c.help}" for c in COMMANDS]
-    lines += ["Keys:"] + [f"  {k:<{width}}  {v}" for k, v in KEYS]
-    return "\n".join(lines)
 
 
 class Interactive:
@@ -150,8 +113,11 @@ class Interactive:
         self.rt.session.close()
         self.rt = self._build(which)
         self.checkpoints.stack.clear()
-        shown = [m for m in self.rt.agent.messages if m.get("role") in ("user", "assistant")]
-        return Outcome(f"Resumed session {self.rt.session.id}.", clear=True, replay=shown)
+        return Outcome(f"Resumed session {self.rt.session.id}.", clear=True, replay=self.transcript())
+
+    def transcript(self) -> list[Message]:
+        """The conversation so far as a front-end replays it: user and assistant messages."""
+        return [m for m in self.rt.agent.messages if m.get("role") in ("user", "assistant")]
 
     def recent_sessions(self, n: int = 10) -> str:
         folder = sessions_dir(self.root)

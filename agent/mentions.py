@@ -16,6 +16,8 @@ from pathlib import Path
 from agent.tools import ToolContext
 from agent.tools.base import ToolError
 
+# What separates the typed text from the attached files (agent.render.typed_text cuts there).
+MENTION_APPENDIX = "\n\nFiles the user mentioned:\n"
 MENTION = re.compile(r"(?<![\w@])@([\w.\-/~+]+[\w/])")
 MAX_ATTACH_LINES = 2000
 
@@ -93,4 +95,4 @@ def expand(text: str, ctx: ToolContext) -> tuple[str, list[str]]:
         attached.append(shown)
     if not blocks:
         return text, []
-    return text + "\n\nFiles the user mentioned:\n" + "\n".join(blocks), attached
+    return text + MENTION_APPENDIX + "\n".join(blocks), attached

@@ -121,6 +121,8 @@ class ScriptedServer:
         self.api_key = api_key
         self.chunk_chars = chunk_chars
         self.requests: list[dict[str, Any]] = []
+        # (time.perf_counter(), text) of every content chunk as it was written, for latency benchmarks.
+        self.content_sent: list[tuple[float, str]] = []
         self.httpd = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
@@ -236,6 +238,7 @@ class ScriptedServer:
                 for piece in _chunks(turn.get("reasoning", ""), server.chunk_chars):
                     send([{"index": 0, "delta": {"reasoning_content": piece}, "finish_reason": None}])
                 for piece in _chunks(content, server.chunk_chars):
+                    server.content_sent.append((time.perf_counter(), piece))
                     send([{"index": 0, "delta": {"content": piece}, "finish_reason": None}])
                 for i, c in enumerate(calls):
                     args = json.dumps(c.get("arguments", {}))

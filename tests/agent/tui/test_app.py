@@ -1,0 +1,290 @@
+"""The TUI driven with Textual's Pilot against a scripted OpenAI-compatible server on loopback.
+
+Everything under the widgets is real: the controller, the loop, the tools on a temporary repository,
+HTTP streaming. Waits poll the app's state (never fixed sleeps) so the tests stay quick and stable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from agent import history
+from agent.scripted import ScriptedServer
+from agent.tui.answer import AssistantText
+from agent.tui.approval import ApprovalBar
+from agent.tui.panels import TodoPanel
+from agent.tui.prompt import CompletionMenu
+
+from ...conftest import git
+from .harness import SIZE, card_states, connected, make_app, screen_text, send, shows, until
+
+
+@pytest.fixture
+def repo(git_repo: Path) -> Path:
+    (git_repo / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    (git_repo / "notes.md").write_text("# notes\n")
+    git(git_repo, "add", "-A")
+    git(git_repo, "commit", "-qm", "init")
+    return git_repo
+
+
+def body_text(card) -> str:
+    return str(card.query_one("#body").render())
+
+
+def test_a_task_streams_markdown_and_parallel_cards_run_side_by_side(repo):
+    script = [
+        {"content": "Checking **three** things at once.\n",
+         "tool_calls": [{"name": "shell", "arguments": {"command": f"sleep 0.8; echo out{i}"}} for i in range(3)]
+         + [{"name": "grep", "arguments": {"pattern": "return", "output_mode": "content"}}]},
+        {"content": "All good:\n\n- `out0`, `out1`, `out2`\n"},
+    ]
+
+    async def body():
+        with ScriptedServer(script) as srv:
+            app = make_app(repo, srv.base_url)
+            async with app.run_test(size=SIZE) as pilot:
+                await connected(pilot)
+                await send(pilot, "run the checks")
+                # All three shell cards are on screen and spinning at the same moment.
+                await until(pilot, lambda: card_states(app).count("running") >= 3, "three running cards")
+                await until(pilot, lambda: not app.busy and "All good" in screen_text(app), "the answer")
+                assert card_states(app) == ["ok"] * 4
+                await shows(pilot, "Checking three things at once.", "• out0, out1, out2",
+                            "✓ shell  sleep 0.8; echo out0  exit 0", "✓ grep  'return'  1 matching line in 1 file")
+                cards = list(app.transcript.cards.values())
+                assert all(not c.expanded for c in cards)  # collapsed to one line when done
+                cards[1].focus()
+                await pilot.press("enter")
+                assert cards[1].expanded
+                assert body_text(cards[1]).splitlines() == ["$ sleep 0.8; echo out1", "out1", "exit code 0"]
+                await pilot.click(cards[3])
+                assert body_text(cards[3]) == "calc.py:2: return a - b"
+                status = str(app.query_one("#status").render())
+                assert status.startswith("scripted-model · ctx ") and "/32.8k" in status and "tok/s" in status
+                assert "approval: auto" in status
+                assert len(app.query(AssistantText)) == 2
+
+    asyncio.run(body())
+
+
+def test_ask_mode_approves_once_denies_with_a_reason_and_always(repo):
+    script = [
+        {"tool_calls": [{"name": "shell", "arguments": {"command": "echo yes > approved.txt"}}]},
+        {"tool_calls": [{"name": "shell", "arguments": {"command": "echo no > denied.txt"}}]},
+        {"tool_calls": [{"name": "shell", "arguments": {"command": f"touch always{i}.txt"}} for i in range(2)]},
+        {"content": "Finished."},
+    ]
+
+    async def body():
+        with ScriptedServer(script) as srv:
+            app = make_app(repo, srv.base_url, approval="ask")
+            async with app.run_test(size=SIZE) as pilot:
+                await connected(pilot)
+                bar = app.query_one(ApprovalBar)
+                await send(pilot, "make files")
+                await until(pilot, lambda: bar.display and app.pending, "the first question")
+                assert card_states(app) == ["asking"], screen_text(app)
+                await shows(pilot, "Run this command?", "$ echo yes > approved.txt")
+                await pilot.press("y")
+                await until(pilot, lambda: (repo / "approved.txt").exists(), "the approved command to run")
+
+                await until(pilot, lambda: app.pending and "denied" in app.pending.args["command"], "question 2")
+                await pilot.press("n")
+                await pilot.press(*"use python instead", "enter")
+                await until(pilot, lambda: app.pending and "always" in app.pending.args["command"], "question 3")
+                await pilot.press("a")  # the second call of the turn runs without asking again
+                await until(pilot, lambda: not app.busy and "Finished." in screen_text(app), "the end")
+                assert not (repo / "denied.txt").exists()
+                assert (repo / "always0.txt").exists() and (repo / "always1.txt").exists()
+                assert not bar.display and app.focused is app.prompt
+                denied = list(app.transcript.cards.values())[1]
+                assert denied.state == "failed"
+                await shows(pilot, "declined")
+                told = srv.chat_requests()[2]["messages"][-1]
+                assert told["role"] == "tool" and "declined" in told["content"]
+                assert "use python instead" in told["content"]
+
+    asyncio.run(body())
+
+
+def test_an_edit_shows_a_coloured_diff_and_undo_restores_the_file(repo):
+    script = [
+        {"tool_calls": [{"name": "edit_file", "arguments": {"path": "calc.py", "old_string": "return a - b",
+                                                            "new_string": "return a + b"}}]},
+        {"content": "Fixed."},
+    ]
+
+    async def body():
+        with ScriptedServer(script) as srv:
+            app = make_app(repo, srv.base_url)
+            async with app.run_test(size=SIZE) as pilot:
+                await connected(pilot)
+                await send(pilot, "fix add")
+                await until(pilot, lambda: not app.busy and "Fixed." in screen_text(app), "the edit")
+                assert (repo / "calc.py").read_text().endswith("return a + b\n")
+                card = next(iter(app.transcript.cards.values()))
+                await shows(pilot, "✓ edit_file  calc.py  +1 −1")
+                await pilot.click(card)
+                rendered = card.query_one("#body").render()
+                lines = str(rendered).splitlines()
+                assert lines[:3] == ["--- a/calc.py", "+++ b/calc.py", "@@ -1,2 +1,2 @@"]
+                colour = {str(rendered)[s.start:s.end]: str(s.style) for s in rendered.spans}
+                assert "red" in colour["-    return a - b"] and "green" in colour["+    return a + b"]
+                await shows(pilot, "-    return a - b")
+
+                await send(pilot, "/undo")
+                await until(pilot, lambda: "Restored: calc.py" in screen_text(app), "the undo notice")
+                assert (repo / "calc.py").read_text() == "def add(a, b):\n    return a - b\n"
+                assert git(repo, "status", "--porcelain") == ""
+
+    asyncio.run(body())
+
+
+def test_escape_interrupts_a_slow_stream_and_a_running_command(repo):
+    long = " ".join(f"word{i}" for i in range(400))
+    script = [
+        {"content": long, "delay_s": 0.02},
+        {"tool_calls": [{"name": "shell", "arguments": {"command": "sleep 30"}}]},
+        {"content": "Still here."},
+    ]
+
+    async def body():
+        with ScriptedServer(script) as srv:
+            app = make_app(repo, srv.base_url)
+            async with app.run_test(size=SIZE) as pilot:
+                await connected(pilot)
+                await send(pilot, "talk")
+                await until(pilot, lambda: "word5 " in screen_text(app), "the stream to start")
+                await pilot.press("escape")
+                await until(pilot, lambda: not app.busy and "Interrupted." in screen_text(app), "the interrupt")
+                assert "word399" not in screen_text(app)
+
+                await send(pilot, "run it")
+                await until(pilot, lambda: card_states(app) == ["running"], "the command to start")
+                await pilot.pause(0.3)
+                await pilot.press("escape")
+                await until(pilot, lambda: not app.busy, "the command to be killed", timeout=5)
+                await shows(pilot, "interrupted")
+
+                await send(pilot, "go on")  # the session is consistent: the next turn just works
+                await until(pilot, lambda: "Still here." in screen_text(app), "the next answer")
+                last = srv.chat_requests()[-1]["messages"]
+                assert [m["role"] for m in last[-4:]] == ["assistant", "tool", "assistant", "user"] or \
+                    last[-1] == {"role": "user", "content": "go on"}
+
+    asyncio.run(body())
+
+
+def test_history_completion_multiline_and_todos(repo):
+    history.append(history.history_path(repo), "an older task")
+    history.append(history.history_path(repo), "the last task\nwith two lines")
+    script = [
+        {"tool_calls": [{"name": "todo_write", "arguments": {"todos": [
+            {"content": "read calc.py", "status": "completed"},
+            {"content": "fix add", "status": "in_progress"},
+            {"content": "run tests", "status": "pending"}]}}]},
+        {"content": "Planned."},
+    ]
+
+    async def body():
+        with ScriptedServer(script) as srv:
+            app = make_app(repo, srv.base_url)
+            async with app.run_test(size=SIZE) as pilot:
+                await connected(pilot)
+                prompt, menu = app.prompt, app.query_one(CompletionMenu)
+                await pilot.press("up")
+                assert prompt.text == "the last task\nwith two lines"
+                await pilot.press("up")  # the cursor is on the last line of the entry: ↑ moves within it
+                await pilot.press("up")
+                assert prompt.text == "an older task"
+                await pilot.press("down")
+                assert prompt.text == "the last task\nwith two lines"
+                await pilot.press("down")  # back to the (empty) draft
+                assert prompt.text == ""
+
+                await pilot.press(*"look at @cal")
+                await until(pilot, lambda: menu.display, "the completion menu")
+                assert menu.suggestions[0].label == "calc.py"
+                await pilot.press("tab")
+                assert prompt.text == "look at @calc.py " and not menu.display
+                await pilot.press("ctrl+j", *"and plan")
+                assert prompt.text == "look at @calc.py \nand plan"
+                await pilot.press("enter")
+                await until(pilot, lambda: not app.busy and "Planned." in screen_text(app), "the answer")
+                sent = srv.chat_requests()[0]["messages"][-1]["content"]
+                assert sent.startswith("look at @calc.py \nand plan") and "return a - b" in sent  # attached
+                todos = app.query_one(TodoPanel)
+                assert todos.display
+                await shows(pilot, "Todos 1/3", "▸ fix add")
+                assert history.load(history.history_path(repo))[-1] == "look at @calc.py \nand plan"
+
+                await pilot.press("/", "u", "n")
+                await until(pilot, lambda: menu.display and menu.suggestions[0].label == "/undo", "commands")
+                await pilot.press("enter")  # accepts the completion, does not send yet
+                assert prompt.text == "/undo" and not menu.display
+
+    asyncio.run(body())
+
+
+def test_clear_starts_over_and_resume_shows_the_saved_conversation(repo):
+    script = [{"content": "The answer is **42**."}, {"content": "Fresh start."}]
+
+    async def body():
+        with ScriptedServer(script) as srv:
+            app = make_app(repo, srv.base_url)
+            async with app.run_test(size=SIZE) as pilot:
+                await connected(pilot)
+                first = app.controller.rt.session.id
+                await send(pilot, "what is the answer?")
+                await until(pilot, lambda: not app.busy and "The answer is 42." in screen_text(app), "answer")
+                await send(pilot, "/clear")
+                await until(pilot, lambda: "New session" in screen_text(app), "the clear")
+                assert "The answer is 42." not in screen_text(app) and app.controller.rt.session.id != first
+                await send(pilot, "hello again")
+                await until(pilot, lambda: "Fresh start." in screen_text(app), "the new session's answer")
+            app = make_app(repo, srv.base_url, resume=first)
+            async with app.run_test(size=SIZE) as pilot:
+                await until(pilot, lambda: f"Resumed session {first}" in screen_text(app), "the resumed session")
+                screen = await shows(pilot, "what is the answer?", "The answer is 42.")
+                assert "hello again" not in screen
+
+    asyncio.run(body())
+
+
+def test_ctrl_c_clears_then_quits_and_ctrl_d_quits_on_an_empty_prompt(tmp_path):
+    async def body():
+        with ScriptedServer([]) as srv:
+            app = make_app(tmp_path, srv.base_url)
+            async with app.run_test(size=SIZE) as pilot:
+                await connected(pilot)
+                await pilot.press(*"draft", "ctrl+d")  # with text, Ctrl+D deletes forward, as in editors
+                assert app.is_running and app.prompt.text == "draft"
+                await pilot.press("ctrl+c")
+                assert app.prompt.text == "" and app.is_running
+                await pilot.press("ctrl+c", "ctrl+c")
+                await until(pilot, lambda: app.return_code == 0, "Ctrl+C twice to quit")
+            app = make_app(tmp_path, srv.base_url)
+            async with app.run_test(size=SIZE) as pilot:
+                await connected(pilot)
+                await pilot.press("ctrl+d")
+                await until(pilot, lambda: app.return_code == 0, "Ctrl+D to quit")
+
+    asyncio.run(body())
+
+
+def test_an_unreachable_server_is_reported_and_the_app_stays_usable(tmp_path):
+    async def body():
+        app = make_app(tmp_path, "http://127.0.0.1:9/v1")
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: "Cannot start the session" in screen_text(app), "the connection error")
+            assert app.connect_error and "not connected" in str(app.query_one("#status").render())
+            await send(pilot, "/help")
+            await until(pilot, lambda: "/undo" in screen_text(app), "help without a server")
+            await send(pilot, "/exit")
+            await until(pilot, lambda: app.return_code == 0, "exit")
+
+    asyncio.run(body())
