@@ -28,10 +28,10 @@ import torch
 
 from kernels.backend import Backend, use_triton
 from kernels.moe_reference import moe_all_experts, moe_reference
+from kernels.mxfp8 import MXFP8Tensor
 
 # Up to this many tokens, a CPU batch that touches most experts runs them all at once (see moe_all_experts).
 SMALL_BATCH = 64
-from kernels.mxfp8 import MXFP8Tensor
 
 
 def moe_forward(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor,
