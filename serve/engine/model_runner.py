@@ -23,6 +23,8 @@ class ModelRunner:
         self.kv = [(torch.zeros(slots, cfg.num_key_value_heads, cfg.head_dim, dtype=kv_dtype, device=device),
                     torch.zeros(slots, cfg.num_key_value_heads, cfg.head_dim, dtype=kv_dtype, device=device))
                    for _ in range(cfg.num_hidden_layers)]
+        self._offsets = torch.arange(block_size)
+        self._slot_cache: dict[int, tuple[list[int], torch.Tensor]] = {}
 
     @staticmethod
     def kv_bytes_per_token(model: Qwen3MoeModel, kv_dtype: torch.dtype) -> int:
@@ -30,9 +32,21 @@ class ModelRunner:
         return 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * torch.empty(0, dtype=kv_dtype).element_size()
 
     def _slots(self, seq: Sequence, upto: int) -> torch.Tensor:
-        table = torch.tensor(seq.block_table, dtype=torch.long)
-        slots = (table[:, None] * self.block_size + torch.arange(self.block_size)).reshape(-1)
+        """Cache slots of the sequence's first `upto` tokens. Kept per sequence and extended as its
+        block table grows (a decode step adds one block every block_size tokens, not a rebuild)."""
+        blocks, slots = self._slot_cache.get(seq.id, ([], None))
+        table = seq.block_table
+        if slots is None or table[: len(blocks)] != blocks:  # new, or preempted and re-allocated
+            blocks, slots = [], torch.empty(0, dtype=torch.long)
+        if len(blocks) < len(table):
+            new = torch.tensor(table[len(blocks):], dtype=torch.long)
+            slots = torch.cat([slots, (new[:, None] * self.block_size + self._offsets).reshape(-1)])
+            blocks = list(table)
+            self._slot_cache[seq.id] = (blocks, slots)
         return slots[:upto]
+
+    def forget(self, seq: Sequence) -> None:
+        self._slot_cache.pop(seq.id, None)
 
     def run(self, batch: list[tuple[Sequence, int]]) -> tuple[list[Sequence], torch.Tensor]:
         """Forward the batch; returns the sequences that get a new token and their logits [B, V]."""

@@ -129,6 +129,7 @@ class NativeEngine(Engine):
         while not self._stop.is_set():
             self._drain_inbox(block=not self.scheduler.has_work())
             for seq in self.scheduler.drop_cancelled():
+                self.runner.forget(seq)
                 self._emit(seq, _DONE)
             batch = self.scheduler.schedule()
             if not batch:
@@ -138,7 +139,7 @@ class NativeEngine(Engine):
             except Exception as e:  # noqa: BLE001 - fail the requests in the batch, keep serving
                 log.exception("engine step failed")
                 for seq, _ in batch:
-                    self.scheduler.finish(seq)
+                    self._finish(seq)
                     self._emit(seq, e)
                     self._emit(seq, _DONE)
 
@@ -163,15 +164,36 @@ class NativeEngine(Engine):
         if not sampled:
             return
         picks = sample_batch(logits, [s.params for s in sampled], [s.generator for s in sampled])
+        out: list[tuple[Sequence, object]] = []
         for seq, (token, logprob) in zip(sampled, picks, strict=True):
             seq.token_ids.append(token)
-            self._emit(seq, GenToken(token, logprob))
+            out.append((seq, GenToken(token, logprob)))
             if (token in seq.params.stop_token_ids or seq.num_generated >= seq.params.max_tokens
                     or len(seq) >= self.max_model_len or seq.cancelled.is_set()):
-                self.scheduler.finish(seq)
-                self._emit(seq, _DONE)
+                self._finish(seq)
+                out.append((seq, _DONE))
+        self._emit_many(out)
+
+    def _finish(self, seq: Sequence) -> None:
+        self.scheduler.finish(seq)
+        self.runner.forget(seq)
 
     @staticmethod
     def _emit(seq: Sequence, item) -> None:
-        if seq.loop is not None and seq.out is not None and not seq.loop.is_closed():
-            seq.loop.call_soon_threadsafe(seq.out.put_nowait, item)
+        NativeEngine._emit_many([(seq, item)])
+
+    @staticmethod
+    def _emit_many(items: list[tuple[Sequence, object]]) -> None:
+        """One wake-up per event loop per step, however many sequences got a token: waking the API's
+        loop once per token per sequence makes it fight the engine thread for the GIL."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, object]]] = {}
+        for seq, item in items:
+            if seq.loop is not None and seq.out is not None and not seq.loop.is_closed():
+                by_loop.setdefault(seq.loop, []).append((seq.out, item))
+        for loop, puts in by_loop.items():
+            loop.call_soon_threadsafe(_put_all, puts)
+
+
+def _put_all(puts: list[tuple[asyncio.Queue, object]]) -> None:
+    for q, item in puts:
+        q.put_nowait(item)
