@@ -120,8 +120,7 @@ def _rows(node) -> tuple[int, int]:
 
 def _syntax_spans(root, lang: str, tok: _Counter, budget: int, n_lines: int) -> list[_Span] | None:
     pieces: list[_Piece] = []
-    for child in root.children:
-        _collect(child, lang, "", tok, budget, pieces)
+    _collect_all(root.children, lang, "", tok, budget, pieces, 0, n_lines - 1)
     if not pieces:
         return None
     spans = _pack(pieces, "", tok, budget)
@@ -137,14 +136,34 @@ def _collect(node, lang: str, scope: str, tok: _Counter, budget: int, out: list[
             out.append(_Piece(start, end, "def", qual))
         else:
             parts: list[_Piece] = []
-            for child in _opened(node, lang):
-                _collect(child, lang, qual, tok, budget, parts)
+            _collect_all(_opened(node, lang), lang, qual, tok, budget, parts, start, end)
             out.append(_Piece(start, end, "def", qual, parts))
     elif tok(start, end) <= budget or node.child_count == 0:
         out.append(_Piece(start, end, "comment" if "comment" in node.type else "code"))
     else:
-        for child in node.children:
-            _collect(child, lang, scope, tok, budget, out)
+        _collect_all(node.children, lang, scope, tok, budget, out, start, end)
+
+
+def _collect_all(children, lang: str, scope: str, tok: _Counter, budget: int, out: list[_Piece],
+                 start: int, end: int) -> None:
+    """Pieces of a node's children, plus pieces for lines no child covers (children need not tile
+    their parent: the text of a string between its escape sequences belongs to no child)."""
+    covered = start - 1
+    for child in children:
+        cs, ce = _rows(child)
+        _gap(covered + 1, cs - 1, tok, out)
+        _collect(child, lang, scope, tok, budget, out)
+        covered = max(covered, ce)
+    _gap(covered + 1, end, tok, out)
+
+
+def _gap(start: int, end: int, tok: _Counter, out: list[_Piece]) -> None:
+    while start <= end and tok(start, start) == 0:  # blank lines need no chunk
+        start += 1
+    while end >= start and tok(end, end) == 0:
+        end -= 1
+    if start <= end:
+        out.append(_Piece(start, end, "code"))
 
 
 def _opened(node, lang: str) -> list:
@@ -175,10 +194,10 @@ def _pack(pieces: list[_Piece], scope: str, tok: _Counter, budget: int) -> list[
             lead: list[_Piece] = []
             while cur and cur[-1].kind == "comment" and cur[-1].end >= (lead[0].start if lead else p.start) - 1:
                 lead.insert(0, cur.pop())
-            if p.parts is None and lead and tok(lead[0].start, p.end) > budget:
-                cur.extend(lead)
-                lead = []
             flush()
+            if p.parts is None and lead and tok(lead[0].start, p.end) > budget:
+                out.append(_group_span(lead, scope, tok))  # too big to join: on its own, not with code
+                lead = []
             if p.parts is not None:
                 out.extend(_pack(lead + p.parts, p.symbol, tok, budget))
             else:

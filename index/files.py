@@ -76,7 +76,12 @@ def _git_files(root: Path) -> list[str] | None:
         return None
     try:
         repo = git.Repo(root, search_parent_directories=True)
-        if repo.bare:
+        if repo.bare or repo.working_tree_dir is None:
+            return None
+        top = Path(os.path.realpath(repo.working_tree_dir))
+        if top != root and repo.ignored(root.relative_to(top).as_posix() + "/"):
+            # A folder the enclosing repository ignores (a Python install inside ~/.pyenv, a vendored
+            # tree) is still the user's workspace: list it as if there were no git.
             return None
         # `git -C root` prints paths relative to root and lists only files below it.
         out = git.Git(str(root)).ls_files("-z", "--cached", "--others", "--exclude-standard")

@@ -1,7 +1,14 @@
-"""Reciprocal rank fusion: combine ranked lists by rank alone, so incomparable scores (cosine, BM25)
-need no calibration. A document's fused score is sum(weight / (k + rank)) over the lists holding it,
-rank starting at 1; k = 60 is the usual constant (Cormack et al., 2009). Weights let one retriever
-count more than the other; `bench/search.py` measures which weights help.
+"""Fusing the dense and the lexical ranking into one.
+
+Two methods:
+- `weighted_sum` (the default): each list's scores are divided by that list's best score, then
+  combined as `dense_weight * dense + lexical_weight * lexical`; a chunk missing from one list gets that
+  list's lowest normalised score among its candidates. It uses how far apart the scores are, which rank
+  fusion throws away.
+- `rrf`, reciprocal rank fusion (Cormack et al., 2009): sum(weight / (k + rank)), rank from 1. Needs no
+  score calibration at all.
+bench/search.py tunes both on one half of its queries and reports both on the other half; the
+defaults in `code_index.Weights` come from there.
 """
 
 from __future__ import annotations
@@ -21,3 +28,18 @@ def rrf(rankings: Sequence[tuple[Sequence[int], float]], *, k: float = RRF_K) ->
             scores[doc] = scores.get(doc, 0.0) + weight / (k + rank)
     # Ties (same ranks in mirrored lists) break by id so results are deterministic.
     return sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))
+
+
+def weighted_sum(lists: Sequence[tuple[Sequence[int], Sequence[float], float]]) -> list[tuple[int, float]]:
+    """`lists` is [(ids best first, their scores, weight), ...]; returns (id, fused score), best first."""
+    normed = []
+    for ids, scores, weight in lists:
+        if weight == 0 or not len(ids) or float(scores[0]) <= 0:
+            continue  # nothing scored above zero: this list has no opinion
+        top = float(scores[0])
+        norm = {int(i): float(s) / top for i, s in zip(ids, scores, strict=True)}
+        normed.append((norm, min(norm.values()), weight))
+    fused: dict[int, float] = {}
+    for doc in {d for norm, _, _ in normed for d in norm}:
+        fused[doc] = sum(w * norm.get(doc, floor) for norm, floor, w in normed)
+    return sorted(fused.items(), key=lambda kv: (-kv[1], kv[0]))

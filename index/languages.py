@@ -146,10 +146,8 @@ def _name(node, lang: str) -> str:
             if spec.child_by_field_name("name") is not None:
                 return _text(spec.child_by_field_name("name"))
         return ""
-    if t == "impl_item":
-        ty = _text(node.child_by_field_name("type")).split("<")[0]
-        trait = _text(node.child_by_field_name("trait")).split("<")[0]
-        return f"{ty} ({trait})" if trait else ty
+    if t == "impl_item":  # methods are named after the type, whichever trait they implement
+        return _text(node.child_by_field_name("type")).split("<")[0]
     return _text(node.child_by_field_name("name"))
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # Bump when the chunker, the embedded text or the layout changes: an older index is then rebuilt.
-FORMAT = "composer-index-1"
+FORMAT = "composer-index-2"
 DB_NAME = "meta.sqlite"
 
 SCHEMA = """
