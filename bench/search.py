@@ -4,7 +4,7 @@
     python bench/search.py build    [--work DIR]   full build of the unmodified stdlib: chunks/s, memory
     python bench/search.py sync     [--work DIR]   change one file of the built stdlib index, re-sync
     python bench/search.py latency  [--work DIR]   query p50/p95 at >= 100 k chunks (see `latency`)
-    python bench/search.py repo --repo PATH        commit message -> changed files over a git history
+    python bench/search.py repo --repo PATH [--rev REV]  commit message -> changed files (git history)
     python bench/search.py all      [--work DIR]   each of the above in its own process
 
 Every command prints measured figures; none asserts on time. Peak memory is the process's max RSS.
@@ -215,6 +215,7 @@ def cmd_latency(args) -> None:
     from a replicated index would be meaningless and are not reported."""
     import faiss
     import numpy as np
+    import scipy.sparse as sp
 
     root = _plain_stdlib(args.work)
     ix = CodeIndex(root)
@@ -223,7 +224,7 @@ def cmd_latency(args) -> None:
     n0 = snap.vectors.ntotal
     copies = -(-args.min_chunks // n0)
     if copies > 1:
-        base = faiss.rev_swig_ptr(snap.vectors.index.get_xb(), n0 * snap.vectors.d).reshape(n0, -1).copy()
+        base = snap.vectors.index.reconstruct_n(0, n0)
         base_ids = faiss.vector_to_array(snap.vectors.id_map).astype(np.int64)
         rng = np.random.default_rng(0)
         next_id = int(base_ids.max()) + 1
@@ -234,8 +235,7 @@ def cmd_latency(args) -> None:
             new_ids = np.arange(next_id, next_id + n0, dtype=np.int64)
             snap.vectors.add_with_ids(v, new_ids)
             next_id += n0
-            snap.lexical.counts = __import__("scipy.sparse").sparse.vstack([snap.lexical.counts, counts],
-                                                                           format="csr")
+            snap.lexical.counts = sp.vstack([snap.lexical.counts, counts], format="csr")
             snap.lexical.ids = np.concatenate([snap.lexical.ids, new_ids])
         snap.lexical._weights = None
         assert len(lex_ids) == n0
@@ -275,16 +275,23 @@ def cmd_latency(args) -> None:
 # -- repository check ----------------------------------------------------------------------------------
 
 def cmd_repo(args) -> None:
-    """Commit message -> files it changed. The index is of the working tree as it is now; for each
-    non-merge commit, the subject line is the query and the files it changed that still exist are
-    the answers; the ranked list is the hits' files in order, duplicates removed."""
+    """Commit message -> files it changed. The tree of `--rev` is exported (git archive, read-only on
+    the repository) and indexed; for each non-merge commit in that revision's history, the subject
+    line is the query and the files it changed that exist in the tree are the answers; the ranked list
+    is the hits' files in order, duplicates removed."""
     import git
 
     repo = git.Repo(args.repo, search_parent_directories=True)
-    root = Path(repo.working_tree_dir)
-    ix = CodeIndex(root)
+    rev = repo.commit(args.rev)
+    snapshot = args.work / f"repo-{rev.hexsha[:12]}"
+    if not snapshot.is_dir():
+        snapshot.mkdir(parents=True)
+        archive = subprocess.run(["git", "-C", str(repo.working_tree_dir), "archive", rev.hexsha],
+                                 check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(snapshot)], input=archive, check=True)
+    ix = CodeIndex(snapshot)
     ix.sync(progress=_progress)
-    commits = [c for c in repo.iter_commits("--all", max_count=args.max_commits, no_merges=True)]
+    commits = list(repo.iter_commits(rev, max_count=args.max_commits, no_merges=True))
     indexed = {r[0] for r in ix._con.execute("SELECT path FROM files WHERE n_chunks > 0")}
     cases = []
     for c in commits:
@@ -293,7 +300,9 @@ def cmd_repo(args) -> None:
         changed = {p for p in c.stats.files if p in indexed}
         if changed:
             cases.append((c.summary, changed, c.hexsha[:8]))
-    print(f"repository {root}: {len(commits)} commits, {len(cases)} usable (non-root, touching indexed files)")
+    print(f"repository {repo.working_tree_dir} at {args.rev} ({rev.hexsha[:8]}): {len(commits)} non-merge "
+          f"commits, {len(cases)} usable (not the root commit, touching indexed files); index: "
+          f"{ix._current().vectors.ntotal} chunks")
     if not cases:
         return
     cands = ix.candidates([s for s, _, _ in cases], 200)
@@ -337,6 +346,7 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=0, help="quality: evaluate at most this many queries")
     p.add_argument("--min-chunks", type=int, default=100_000, help="latency: index size to reach")
     p.add_argument("--repo", type=Path, help="repo: a git work tree with history")
+    p.add_argument("--rev", default="HEAD", help="repo: the revision whose tree and history are used")
     p.add_argument("--max-commits", type=int, default=500)
     args = p.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)

@@ -43,7 +43,7 @@ class _Progress:
 
     def __call__(self, stage: str, done: int, total: int) -> None:
         if not self.tty:
-            if stage == "embed" and not self.announced:
+            if stage == "embed" and total and not self.announced:
                 print(f"embedding {total} chunks...", file=self.stream, flush=True)
                 self.announced = True
             return
@@ -72,7 +72,9 @@ def _open(root: Path, model: str | None, prog: str):
         return CodeIndex(root, model=model)
     except NotADirectoryError as e:
         _err(prog, str(e))
-        return None
+    except OSError as e:  # a read-only workspace, a full disk
+        _err(prog, f"cannot open the index under {root}: {e}")
+    return None
 
 
 def _sync(ix, prog: str, *, rebuild: bool = False):

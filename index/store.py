@@ -44,6 +44,16 @@ class IndexBusy(RuntimeError):
     """Another process is writing the index."""
 
 
+@dataclass
+class Snapshot:
+    """One committed generation, loaded: what searches read and syncs update."""
+
+    gen: int
+    info: dict[str, str]
+    vectors: object  # faiss.IndexIDMap2 over IndexFlatIP
+    lexical: object  # index.lexical.Lexical
+
+
 @dataclass(frozen=True)
 class FileRow:
     path: str
@@ -121,6 +131,34 @@ def _batches(items: list, n: int) -> Iterator[list]:
 
 
 # -- generation files ----------------------------------------------------------------------------------
+
+def load(con: sqlite3.Connection, index_dir: Path, current: Snapshot | None = None) -> Snapshot | None:
+    """The committed generation (`current` itself if it still is), or None when there is no index
+    in this format or its files are missing or inconsistent."""
+    import faiss
+
+    from index.lexical import Lexical
+
+    for _ in range(5):
+        info = read_info(con)
+        if info.get("format") != FORMAT or "gen" not in info:
+            return None
+        gen = int(info["gen"])
+        if current is not None and current.gen == gen:
+            return current
+        try:
+            vectors = faiss.read_index(str(vectors_path(index_dir, gen)))
+            lexical = Lexical.load(lexical_path(index_dir, gen))
+            n = con.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
+            if vectors.ntotal == n == len(lexical):
+                return Snapshot(gen, info, vectors, lexical)
+        except (OSError, RuntimeError, ValueError, KeyError):
+            pass
+        # A writer may have just replaced this generation: look again; if not, it is damaged.
+        if read_info(con).get("gen") == info["gen"]:
+            return None
+    return None
+
 
 def vectors_path(index_dir: Path, gen: int) -> Path:
     return index_dir / f"vectors-{gen}.faiss"

@@ -14,6 +14,9 @@ from typing import Annotated
 from agent.tools.base import ToolError, ToolResult, tool
 from agent.tools.context import ToolContext
 
+# A first search in a large repository must not stall the agent for many minutes: indexing stops
+# after the batch that crosses this budget and continues on later calls (the answer says so).
+SYNC_BUDGET_S = 45.0
 SNIPPET_LINES = 12
 SHORT_SNIPPET_LINES = 4  # when many results are asked for, keep the answer compact
 _open_lock = threading.Lock()
@@ -50,7 +53,7 @@ def semantic_search(
     ix = _index(ctx)
     notes = []
     try:
-        report = ix.sync(wait=False)
+        report = ix.sync(wait=False, budget_s=SYNC_BUDGET_S)
         if report.rebuilt or report.changed:
             notes.append(report.summary())
     except IndexBusy:
@@ -101,5 +104,9 @@ def _index(ctx: ToolContext):
     with _open_lock:
         ix = ctx.search_index
         if not isinstance(ix, CodeIndex) or ix.root != ctx.root:
-            ix = ctx.search_index = CodeIndex(ctx.root, index_dir=ctx.workspace.state_dir("index"))
+            try:
+                ix = ctx.search_index = CodeIndex(ctx.root, index_dir=ctx.workspace.state_dir("index"))
+            except OSError as e:
+                raise ToolError(f"cannot open the search index in .composer/index: {e}; "
+                                "use grep and glob to find code") from None
         return ix

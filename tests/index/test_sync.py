@@ -141,6 +141,7 @@ def test_non_utf8_and_binary_files(git_repo: Path, embedder):
     assert top_paths(ix, "bakery oven notes", 1) == ["utf16.txt"]
 
 
+@pytest.mark.slow
 def test_model_change_forces_rebuild(tmp_path: Path, embedder):
     from sentence_transformers import SentenceTransformer, models
 
@@ -211,3 +212,23 @@ def test_empty_workspace(tmp_path: Path, embedder):
     assert ix.search("anything", 5) == []
     with pytest.raises(ValueError):
         ix.search("   ", 5)
+
+
+def test_a_time_budget_commits_whole_batches_and_the_next_sync_continues(tmp_path: Path, embedder,
+                                                                           monkeypatch):
+    from index import sync
+
+    repo = make_repo(tmp_path / "repo", ["textwrap.py", "colorsys.py", "fnmatch.py", "bisect.py"])
+    monkeypatch.setattr(sync, "BATCH_CHUNKS", 10)  # about one file per batch
+    ix = CodeIndex(repo, embedder=embedder)
+    first = ix.sync(budget_s=0)  # stop after the first batch
+    assert first.pending == 3 and first.added == ["bisect.py"]
+    assert "3 more files are indexed on the next searches" in first.summary()
+    consistent(ix)
+    assert ix.search("insert into a sorted list", 3)  # the partial index answers
+    rest = ix.sync()
+    assert rest.pending == 0 and rest.rebuilt is None
+    assert rest.added == ["colorsys.py", "fnmatch.py", "textwrap.py"]
+    assert rest.embedded == rest.chunks - first.chunks  # nothing committed before is embedded again
+    consistent(ix)
+    assert top_paths(ix, "wrap a paragraph of text to a fixed line width", 1) == ["textwrap.py"]

@@ -82,3 +82,28 @@ def test_the_tool_spec_is_unchanged_in_shape():
     assert spec["name"] == "semantic_search"
     assert set(spec["parameters"]["properties"]) == {"query", "k", "path"}
     assert spec["parameters"]["required"] == ["query"]
+
+
+def test_a_first_search_in_a_large_repository_answers_before_the_index_is_complete(
+        tmp_path: Path, embedder, monkeypatch):
+    from agent.tools import semantic_search as tool_module
+    from index import sync
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for name in ["bisect.py", "colorsys.py", "fnmatch.py"]:
+        shutil.copy2(STDLIB / name, repo / name)
+    monkeypatch.setattr(sync, "BATCH_CHUNKS", 10)
+    monkeypatch.setattr(tool_module, "SYNC_BUDGET_S", 0.0)
+    ex = Executor(default_registry(), ToolContext.for_root(repo))
+    try:
+        r = call(ex, query="insert an item into a sorted list", k=2)
+        assert r.ok and "2 more files are indexed on the next searches" in r.content
+        assert r.data["hits"][0]["path"] == "bisect.py"
+        r = call(ex, query="convert rgb color to hls", k=2)  # the next call continues
+        assert r.ok and "1 more file is indexed on the next searches" in r.content
+        r = call(ex, query="convert rgb color to hls", k=2)
+        assert r.ok and "more file" not in r.content
+        assert r.data["hits"][0]["path"] == "colorsys.py"
+    finally:
+        ex.close()
