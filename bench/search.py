@@ -5,7 +5,8 @@
     python bench/search.py sync     [--work DIR]   change one file of the built stdlib index, re-sync
     python bench/search.py latency  [--work DIR]   query p50/p95 at >= 100 k chunks (see `latency`)
     python bench/search.py repo --repo PATH [--rev REV]  commit message -> changed files (git history)
-    python bench/search.py all      [--work DIR]   each of the above in its own process
+    python bench/search.py embed                   embedding chunks/s in float32 vs bfloat16, cosine
+    python bench/search.py all      [--work DIR]   quality, build, sync, latency, each in its own process
 
 Every command prints measured figures; none asserts on time. Peak memory is the process's max RSS.
 """
@@ -166,7 +167,8 @@ def cmd_build(args) -> None:
     t = time.monotonic()
     report = ix.sync(progress=_progress)
     dt = time.monotonic() - t
-    print(f"model load: {load_s:.1f}s ({emb.name}, {emb.dtype})")
+    print(f"model load: {load_s:.1f}s ({emb.name}, {emb.dtype}); load average at the end of the build: "
+          f"{os.getloadavg()[0]:.2f}")
     print(f"full build of {root}: {report.indexed_files} files, {report.chunks} chunks in {dt:.1f}s "
           f"= {report.chunks / dt:.1f} chunks/s; peak RSS {peak_rss_mib():.0f} MiB")
     size = sum(p.stat().st_size for p in (root / ".composer" / "index").iterdir()) / 2**20
@@ -250,6 +252,7 @@ def cmd_latency(args) -> None:
         times.append((time.perf_counter() - t) * 1000)
     times.sort()
     p50, p95 = times[len(times) // 2], times[int(len(times) * 0.95)]
+    print(f"load average during the run: {os.getloadavg()[0]:.2f} (2 cores shared with other work)")
     print(f"query latency at {total} chunks ({copies}x the {n0}-chunk stdlib index{', replicated' if copies > 1 else ''}), "
           f"{len(qs)} queries, k=10, includes query embedding: p50 {p50:.1f} ms, p95 {p95:.1f} ms; "
           f"peak RSS {peak_rss_mib():.0f} MiB")
@@ -330,6 +333,33 @@ def cmd_repo(args) -> None:
     ix.close()
 
 
+def cmd_embed(args) -> None:
+    """Embedding throughput per dtype on real chunks (argparse.py and json/, as the index cuts them),
+    and how close the bfloat16 vectors are to the float32 ones."""
+    import numpy as np
+
+    from index.embed import load_embedder
+    from index.sync import chunk_for, embed_text
+
+    src = corpus_mod.stdlib_dir()
+    out = {}
+    for dtype in ("float32", "bfloat16"):
+        emb = load_embedder(dtype=dtype)
+        texts = []
+        for rel in ("argparse.py", "json/decoder.py", "json/encoder.py"):
+            texts += [embed_text(rel, c.symbol, c.text) for c in chunk_for(rel, (src / rel).read_text(), emb)]
+        texts = texts[:200]
+        emb.encode(texts[:16])  # warm-up
+        t = time.monotonic()
+        out[dtype] = emb.encode(texts)
+        dt = time.monotonic() - t
+        tokens = sum(emb.count_tokens(texts))
+        print(f"{dtype:>9}: {len(texts)} chunks ({tokens / len(texts):.0f} tokens avg) in {dt:.1f}s = "
+              f"{len(texts) / dt:.1f} chunks/s")
+    cos = np.sum(out["float32"] * out["bfloat16"], axis=1)
+    print(f"cosine(bfloat16, float32): min {cos.min():.4f}, mean {cos.mean():.4f}")
+
+
 def cmd_all(args) -> None:
     print(f"machine: {machine()}\n")
     for sub in ("quality", "build", "sync", "latency"):
@@ -341,7 +371,7 @@ def cmd_all(args) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=["quality", "build", "sync", "latency", "repo", "all"])
+    p.add_argument("command", choices=["quality", "build", "sync", "latency", "repo", "embed", "all"])
     p.add_argument("--work", type=Path, default=DEFAULT_WORK, help="scratch folder (kept between runs)")
     p.add_argument("--limit", type=int, default=0, help="quality: evaluate at most this many queries")
     p.add_argument("--min-chunks", type=int, default=100_000, help="latency: index size to reach")
@@ -351,7 +381,7 @@ def main() -> None:
     args = p.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     {"quality": cmd_quality, "build": cmd_build, "sync": cmd_sync, "latency": cmd_latency,
-     "repo": cmd_repo, "all": cmd_all}[args.command](args)
+     "repo": cmd_repo, "embed": cmd_embed, "all": cmd_all}[args.command](args)
 
 
 if __name__ == "__main__":

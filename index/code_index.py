@@ -101,6 +101,12 @@ class CodeIndex:
     def info(self) -> dict[str, str]:
         return store.read_info(self._con)
 
+    def chunk_count(self) -> int:
+        """Chunks in the committed index."""
+        with self._lock:
+            snap = self._current()
+            return snap.vectors.ntotal if snap is not None else 0
+
     # -- loading -------------------------------------------------------------------------------------
 
     def _current(self) -> store.Snapshot | None:

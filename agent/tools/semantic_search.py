@@ -8,6 +8,7 @@ agent must start without torch.
 
 from __future__ import annotations
 
+import importlib.util
 import threading
 from typing import Annotated
 
@@ -18,6 +19,8 @@ from agent.tools.context import ToolContext
 # after the batch that crosses this budget and continues on later calls (the answer says so).
 SYNC_BUDGET_S = 45.0
 SNIPPET_LINES = 12
+# What the index needs beyond the agent's own dependencies (found without importing them).
+INDEX_MODULES = ("numpy", "scipy", "faiss", "sentence_transformers", "tree_sitter", "Stemmer", "git")
 SHORT_SNIPPET_LINES = 4  # when many results are asked for, keep the answer compact
 _open_lock = threading.Lock()
 
@@ -44,12 +47,13 @@ def semantic_search(
     if not query:
         raise ToolError("query is empty; describe the code you are looking for")
     prefix = _prefix(ctx, path)
-    try:
-        from index.embed import EmbedderError
-        from index.store import IndexBusy
-    except ImportError as e:
-        raise ToolError(f"semantic search is not installed here ({e.name} is missing; it needs the `index` "
-                        "extra: pip install 'composer[index]'); use grep and glob to find code") from None
+    missing = [m for m in INDEX_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ToolError(f"semantic search is not installed here ({', '.join(missing)} missing; it needs the "
+                        "`index` extra: pip install 'composer[index]'); use grep and glob to find code")
+    from index.embed import EmbedderError
+    from index.store import IndexBusy
+
     ix = _index(ctx)
     notes = []
     try:
@@ -60,13 +64,16 @@ def semantic_search(
         notes.append("another process is updating the index; results may miss the newest changes")
     except EmbedderError as e:
         raise ToolError(f"{e}; use grep and glob to find code") from None
-    hits = ix.search(query, k, path=prefix)
+    try:
+        hits = ix.search(query, k, path=prefix)
+    except ValueError as e:  # e.g. the index another process is rebuilding is for another model
+        raise ToolError(f"{e}; use grep and glob to find code meanwhile") from None
     data = {"hits": [{"path": h.path, "start_line": h.start_line, "end_line": h.end_line,
                       "symbol": h.symbol, "score": h.score} for h in hits],
             "notes": notes}
     if not hits:
         where = f" under {prefix}" if prefix else ""
-        empty = "the index is empty" if not ix.info().get("gen") else f"no results{where}"
+        empty = "nothing is indexed in this workspace yet" if not ix.chunk_count() else f"no results{where}"
         return ToolResult("\n".join([*notes, f"{empty} for {query!r}; try other words, or grep"]),
                           data=data)
     per_hit = SNIPPET_LINES if k <= 10 else SHORT_SNIPPET_LINES

@@ -59,3 +59,40 @@ def test_sigkill_during_a_build_keeps_the_previous_index(indexed_repo: Path, emb
     r = after.sync()
     assert r.added == ["argparse.py", "getopt.py"]
     assert not [p.name for p in after.dir.iterdir() if p.name.endswith(".tmp")]
+
+
+@pytest.mark.slow
+def test_sigkill_after_some_batches_keeps_them_and_the_next_sync_finishes(indexed_repo: Path, embedder):
+    before = CodeIndex(indexed_repo, embedder=embedder)
+    gen = int(before.info()["gen"])
+    copy_modules(indexed_repo, ["argparse.py", "calendar.py", "difflib.py", "getopt.py", "pprint.py"])
+    # Small batches, so that several commits happen within the build (the setting, not the code path,
+    # is what the test changes).
+    code = ("import sys; from pathlib import Path; import index.sync; index.sync.BATCH_CHUNKS = 20; "
+            "from index.cli import main_index; sys.exit(main_index([], Path(sys.argv[1])))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", code, str(indexed_repo)], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if int(before.info().get("gen", gen)) >= gen + 2:  # two batches committed
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the build finished before it could be killed"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+    after = CodeIndex(indexed_repo, embedder=embedder)
+    done = {r[0] for r in after._con.execute("SELECT path FROM files")}
+    new = {"argparse.py", "calendar.py", "difflib.py", "getopt.py", "pprint.py"}
+    assert 0 < len(new & done) < len(new)  # some files committed, not all
+    assert int(after.info()["gen"]) >= gen + 2
+    assert after.search("wrap a paragraph of text to a fixed line width", 1)[0].path == "textwrap.py"
+    r = after.sync()
+    assert r.rebuilt is None and set(r.added) == new - done
+    assert r.embedded == sum(n for p, n in after._con.execute("SELECT path, n_chunks FROM files")
+                             if p in new - done)

@@ -232,3 +232,18 @@ def test_a_time_budget_commits_whole_batches_and_the_next_sync_continues(tmp_pat
     assert rest.embedded == rest.chunks - first.chunks  # nothing committed before is embedded again
     consistent(ix)
     assert top_paths(ix, "wrap a paragraph of text to a fixed line width", 1) == ["textwrap.py"]
+
+
+def test_embedded_chunks_fit_the_model_window(indexed_repo: Path, embedder):
+    """Header + code is sized in the model's own tokens: nothing the embedder reads gets truncated
+    (single lines longer than the window excepted)."""
+    from index.sync import embed_text
+
+    ix = CodeIndex(indexed_repo, embedder=embedder)
+    rows = ix._con.execute("SELECT path, start_line, end_line, symbol, text FROM chunks").fetchall()
+    counts = embedder.count_tokens([embed_text(p, sym, text) for p, _, _, sym, text in rows])
+    too_long = [(r[0], r[1], n) for r, n in zip(rows, counts, strict=True)
+                if n > embedder.max_tokens - 2 and r[1] != r[2]]
+    assert len(rows) > 100 and not too_long
+    # ...and the budget is used: chunks are not needlessly small.
+    assert sorted(counts)[len(counts) // 2] > 60

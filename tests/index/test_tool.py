@@ -107,3 +107,26 @@ def test_a_first_search_in_a_large_repository_answers_before_the_index_is_comple
         assert r.data["hits"][0]["path"] == "colorsys.py"
     finally:
         ex.close()
+
+
+def test_an_empty_workspace_says_so(tmp_path: Path, embedder):
+    ex = Executor(default_registry(), ToolContext.for_root(tmp_path))
+    try:
+        r = call(ex, query="anything at all")
+        assert r.ok and "nothing is indexed in this workspace yet" in r.content
+        assert r.data["hits"] == []
+    finally:
+        ex.close()
+
+
+def test_without_the_index_extra_the_tool_points_to_grep(tmp_path: Path, monkeypatch):
+    from agent.tools import semantic_search as tool_module
+
+    monkeypatch.setattr(tool_module, "INDEX_MODULES", ("faiss", "no_such_module_xyz"))
+    ex = Executor(default_registry(), ToolContext.for_root(tmp_path))
+    try:
+        r = call(ex, query="anything")
+        assert not r.ok and "no_such_module_xyz missing" in r.content and "grep" in r.content
+        assert not (tmp_path / ".composer").exists()  # nothing was created
+    finally:
+        ex.close()
