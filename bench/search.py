@@ -1,0 +1,388 @@
+"""Semantic search benchmarks: retrieval quality, build throughput, incremental sync, query latency.
+
+    python bench/search.py quality  [--work DIR]   docstring -> function on the stdlib (bench/corpus.py)
+    python bench/search.py build    [--work DIR]   full build of the unmodified stdlib: chunks/s, memory
+    python bench/search.py sync     [--work DIR]   change one file of the built stdlib index, re-sync
+    python bench/search.py latency  [--work DIR]   query p50/p95 at >= 100 k chunks (see `latency`)
+    python bench/search.py repo --repo PATH [--rev REV]  commit message -> changed files (git history)
+    python bench/search.py embed                   embedding chunks/s in float32 vs bfloat16, cosine
+    python bench/search.py all      [--work DIR]   quality, build, sync, latency, each in its own process
+
+Every command prints measured figures; none asserts on time. Peak memory is the process's max RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import random
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import corpus as corpus_mod  # noqa: E402
+from index.code_index import CodeIndex, Weights  # noqa: E402
+
+DEFAULT_WORK = Path("/tmp/composer-bench-index")
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB RAM, Python {platform.python_version()}"
+
+
+def _progress(stage: str, done: int, total: int) -> None:
+    if stage == "embed" and (done == total or done % 2048 < 256):
+        print(f"  embedded {done}/{total}", file=sys.stderr, flush=True)
+
+
+# -- quality -------------------------------------------------------------------------------------------
+
+def metrics(ranked: list[list[bool]]) -> dict[str, float]:
+    """MRR@10, Recall@1, Recall@10 (in points) from per-query relevance flags, best first."""
+    mrr = r1 = r10 = 0.0
+    for flags in ranked:
+        first = next((i for i, f in enumerate(flags[:10]) if f), None)
+        if first is not None:
+            mrr += 1 / (first + 1)
+            r10 += 1
+            r1 += first == 0
+    n = max(len(ranked), 1)
+    return {"MRR@10": 100 * mrr / n, "R@1": 100 * r1 / n, "R@10": 100 * r10 / n}
+
+
+def _flags(ids: list[int], q, rows) -> list[bool]:
+    out = []
+    for cid in ids[:10]:
+        r = rows[cid]
+        out.append(r.path == q.path and r.start_line <= q.end_line and r.end_line >= q.start_line)
+    return out
+
+
+def cmd_quality(args) -> None:
+    work = args.work
+    t = time.monotonic()
+    corpus, queries = corpus_mod.build(work)
+    print(f"corpus: {corpus} ({len(corpus_mod.stdlib_files(corpus))} files), {len(queries)} queries "
+          f"(prepared in {time.monotonic() - t:.1f}s)")
+    ix = CodeIndex(corpus)
+    t = time.monotonic()
+    report = ix.sync(progress=_progress)
+    print(f"index: {report.summary()} ({time.monotonic() - t:.1f}s)")
+    if args.limit and len(queries) > args.limit:
+        queries = random.Random(0).sample(queries, args.limit)
+    t = time.monotonic()
+    cands = ix.candidates([q.query for q in queries], 100)
+    print(f"retrieval: {len(queries)} queries in {time.monotonic() - t:.1f}s")
+    ids = sorted({i for d, lx in cands for i in d[0] + lx[0]})
+    rows = ix.chunks(ids)
+    # Tune fusion on one half of the queries and report on the other; split by file, so the two halves
+    # share no code.
+    dev = [i for i, q in enumerate(queries) if zlib.crc32(q.path.encode()) % 2 == 0]
+    test = [i for i, q in enumerate(queries) if zlib.crc32(q.path.encode()) % 2 == 1]
+    everyone = list(range(len(queries)))
+
+    def evaluate(idx: list[int], w: Weights | str) -> dict[str, float]:
+        ranked = []
+        for i in idx:
+            d, lx = cands[i]
+            ids = d[0] if w == "dense" else lx[0] if w == "bm25" else [c for c, _ in w.fuse(d, lx)]
+            ranked.append(_flags(ids, queries[i], rows))
+        return metrics(ranked)
+
+    grids = {
+        "rrf": [Weights("rrf", wd, 1.0, k) for wd in (0.5, 0.75, 1.0, 1.25, 1.5, 2.0) for k in (2, 5, 10, 20, 60)],
+        "sum": [Weights("sum", a, round(1 - a, 2)) for a in (0.3, 0.4, 0.5, 0.6, 0.65, 0.7, 0.75, 0.8, 0.9)],
+    }
+    tuned = {m: max(g, key=lambda w: evaluate(dev, w)["MRR@10"]) for m, g in grids.items()}
+    shipped = Weights()
+    results = {
+        "dense only (all)": evaluate(everyone, "dense"),
+        "BM25 only (all)": evaluate(everyone, "bm25"),
+        f"hybrid, shipped default {_describe(shipped)} (all)": evaluate(everyone, shipped),
+        "dense only (test half)": evaluate(test, "dense"),
+        "BM25 only (test half)": evaluate(test, "bm25"),
+        f"hybrid, shipped default {_describe(shipped)} (test half)": evaluate(test, shipped),
+        "hybrid RRF k=60 weights 1/1, untuned (test half)": evaluate(test, Weights("rrf", 1.0, 1.0, 60)),
+    }
+    for m, w in tuned.items():
+        results[f"hybrid {m} tuned on dev: {_describe(w)} (test half)"] = evaluate(test, w)
+    print(f"\n{'mode':<72} {'MRR@10':>7} {'R@1':>6} {'R@10':>6}")
+    for name, m in results.items():
+        print(f"{name:<72} {m['MRR@10']:7.1f} {m['R@1']:6.1f} {m['R@10']:6.1f}")
+    print("\ndev-half MRR@10 of each grid point:")
+    for m, g in grids.items():
+        print("  " + m + ": " + ", ".join(f"{_describe(w)}={evaluate(dev, w)['MRR@10']:.1f}" for w in g))
+    print(f"\nqueries: all {len(queries)}, dev {len(dev)}, test {len(test)}; peak RSS {peak_rss_mib():.0f} MiB")
+    ix.close()
+
+
+def _describe(w: Weights) -> str:
+    if w.method == "rrf":
+        return f"RRF(dense {w.dense:g}, BM25 {w.lexical:g}, k={w.k:g})"
+    return f"sum(dense {w.dense:g}, BM25 {w.lexical:g})"
+
+
+# -- build, sync, latency ------------------------------------------------------------------------------
+
+def _plain_stdlib(work: Path) -> Path:
+    """The stdlib modules as they are (tests and site-packages left out, as in the quality corpus)."""
+    dst = work / "stdlib"
+    if not dst.is_dir():
+        src = corpus_mod.stdlib_dir()
+        for p in corpus_mod.stdlib_files(src):
+            out = dst / p.relative_to(src)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(p, out)
+    return dst
+
+
+def cmd_build(args) -> None:
+    root = _plain_stdlib(args.work)
+    shutil.rmtree(root / ".composer", ignore_errors=True)
+    t = time.monotonic()
+    ix = CodeIndex(root)
+    emb = ix.embedder
+    load_s = time.monotonic() - t
+    t = time.monotonic()
+    report = ix.sync(progress=_progress)
+    dt = time.monotonic() - t
+    print(f"model load: {load_s:.1f}s ({emb.name}, {emb.dtype}); load average at the end of the build: "
+          f"{os.getloadavg()[0]:.2f}")
+    print(f"full build of {root}: {report.indexed_files} files, {report.chunks} chunks in {dt:.1f}s "
+          f"= {report.chunks / dt:.1f} chunks/s; peak RSS {peak_rss_mib():.0f} MiB")
+    size = sum(p.stat().st_size for p in (root / ".composer" / "index").iterdir()) / 2**20
+    print(f"index size on disk: {size:.0f} MiB")
+    ix.close()
+
+
+def cmd_sync(args) -> None:
+    root = _plain_stdlib(args.work)
+    t = time.monotonic()
+    ix = CodeIndex(root)
+    _ = ix.embedder  # load the model now, to time it apart
+    load_s = time.monotonic() - t
+    ix.sync()  # make sure it is current (built by `build`, else built now)
+    t = time.monotonic()
+    report = ix.sync()
+    print(f"model load {load_s:.1f}s; no-op sync over {report.files} files: {time.monotonic() - t:.3f}s")
+    target = root / "argparse.py"
+    original = target.read_text()
+    times = []
+    try:
+        for i in range(5):
+            # A real edit: one function gains a line, so one or two chunks change and the rest of the
+            # file keeps its vectors.
+            target.write_text(original.replace("def _get_args(self):",
+                                               f"def _get_args(self):\n        _edit = {i}", 1))
+            t = time.monotonic()
+            report = ix.sync()
+            times.append(time.monotonic() - t)
+            print(f"  sync after editing argparse.py: {times[-1]:.3f}s "
+                  f"({report.embedded} chunks embedded, {report.reused} reused)")
+    finally:
+        target.write_text(original)
+        ix.sync()
+    print(f"incremental sync, one file changed: median {statistics.median(times):.3f}s over {len(times)} "
+          f"runs (+ {load_s:.1f}s model load in a fresh process); peak RSS {peak_rss_mib():.0f} MiB")
+    ix.close()
+
+
+def cmd_latency(args) -> None:
+    """Query latency through CodeIndex.search at >= args.min_chunks chunks.
+
+    The stdlib index (~26 k chunks) is replicated until it holds at least `min_chunks`: each copy's
+    vectors get small Gaussian noise (then unit norm again) and fresh ids, BM25 rows are duplicated.
+    Search cost depends on the number of vectors and postings, which this reproduces; recall numbers
+    from a replicated index would be meaningless and are not reported."""
+    import faiss
+    import numpy as np
+    import scipy.sparse as sp
+
+    root = _plain_stdlib(args.work)
+    ix = CodeIndex(root)
+    ix.sync()
+    snap = ix._current()
+    n0 = snap.vectors.ntotal
+    copies = -(-args.min_chunks // n0)
+    if copies > 1:
+        base = snap.vectors.index.reconstruct_n(0, n0)
+        base_ids = faiss.vector_to_array(snap.vectors.id_map).astype(np.int64)
+        rng = np.random.default_rng(0)
+        next_id = int(base_ids.max()) + 1
+        counts, lex_ids = snap.lexical.counts, snap.lexical.ids
+        for _ in range(copies - 1):
+            v = base + rng.normal(0, 0.01, base.shape).astype(np.float32)
+            v /= np.linalg.norm(v, axis=1, keepdims=True)
+            new_ids = np.arange(next_id, next_id + n0, dtype=np.int64)
+            snap.vectors.add_with_ids(v, new_ids)
+            next_id += n0
+            snap.lexical.counts = sp.vstack([snap.lexical.counts, counts], format="csr")
+            snap.lexical.ids = np.concatenate([snap.lexical.ids, new_ids])
+        snap.lexical._weights = None
+        assert len(lex_ids) == n0
+    total = snap.vectors.ntotal
+    _, queries = corpus_mod.build(args.work)
+    qs = [q.query for q in random.Random(1).sample(queries, 300)]
+    ix.search(qs[0], 10)  # warm-up: BM25 weights are computed on first use
+    times = []
+    for q in qs:
+        t = time.perf_counter()
+        ix.search(q, 10)
+        times.append((time.perf_counter() - t) * 1000)
+    times.sort()
+    p50, p95 = times[len(times) // 2], times[int(len(times) * 0.95)]
+    print(f"load average during the run: {os.getloadavg()[0]:.2f} (2 cores shared with other work)")
+    print(f"query latency at {total} chunks ({copies}x the {n0}-chunk stdlib index{', replicated' if copies > 1 else ''}), "
+          f"{len(qs)} queries, k=10, includes query embedding: p50 {p50:.1f} ms, p95 {p95:.1f} ms; "
+          f"peak RSS {peak_rss_mib():.0f} MiB")
+    # Where the time goes, for the record.
+    t = time.perf_counter()
+    for q in qs[:100]:
+        ix.embedder.encode([q])
+    emb_ms = (time.perf_counter() - t) * 10
+    qv = ix.embedder.encode(qs[:100])
+    t = time.perf_counter()
+    for i in range(100):
+        snap.vectors.search(qv[i:i + 1], 100)
+    faiss_ms = (time.perf_counter() - t) * 10
+    t = time.perf_counter()
+    for q in qs[:100]:
+        snap.lexical.search(q, 100)
+    bm25_ms = (time.perf_counter() - t) * 10
+    print(f"  per query: embedding {emb_ms:.1f} ms, FAISS flat top-100 {faiss_ms:.1f} ms, "
+          f"BM25 top-100 {bm25_ms:.1f} ms")
+    ix.close()
+
+
+# -- repository check ----------------------------------------------------------------------------------
+
+def cmd_repo(args) -> None:
+    """Commit message -> files it changed. The tree of `--rev` is exported (git archive, read-only on
+    the repository) and indexed; for each non-merge commit in that revision's history, the subject
+    line is the query and the files it changed that exist in the tree are the answers; the ranked list
+    is the hits' files in order, duplicates removed."""
+    import git
+
+    repo = git.Repo(args.repo, search_parent_directories=True)
+    rev = repo.commit(args.rev)
+    snapshot = args.work / f"repo-{rev.hexsha[:12]}"
+    if not snapshot.is_dir():
+        snapshot.mkdir(parents=True)
+        archive = subprocess.run(["git", "-C", str(repo.working_tree_dir), "archive", rev.hexsha],
+                                 check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(snapshot)], input=archive, check=True)
+    ix = CodeIndex(snapshot)
+    ix.sync(progress=_progress)
+    commits = list(repo.iter_commits(rev, max_count=args.max_commits, no_merges=True))
+    indexed = {r[0] for r in ix._con.execute("SELECT path FROM files WHERE n_chunks > 0")}
+    cases = []
+    for c in commits:
+        if not c.parents:  # a root commit "changes" every file; nothing to rank
+            continue
+        changed = {p for p in c.stats.files if p in indexed}
+        if changed:
+            cases.append((c.summary, changed, c.hexsha[:8]))
+    print(f"repository {repo.working_tree_dir} at {args.rev} ({rev.hexsha[:8]}): {len(commits)} non-merge "
+          f"commits, {len(cases)} usable (not the root commit, touching indexed files); index: "
+          f"{ix._current().vectors.ntotal} chunks")
+    if not cases:
+        return
+    cands = ix.candidates([s for s, _, _ in cases], 200)
+    rows = ix.chunks(sorted({i for d, lx in cands for i in d[0] + lx[0]}))
+
+    def files_of(ids: list[int]) -> list[str]:
+        seen: list[str] = []
+        for cid in ids:
+            p = rows[cid].path
+            if p not in seen:
+                seen.append(p)
+        return seen
+
+    w = Weights()
+    for name, pick in (("dense only", lambda d, lx: d[0]), ("BM25 only", lambda d, lx: lx[0]),
+                       ("hybrid", lambda d, lx: [c for c, _ in w.fuse(d, lx)])):
+        ranked, recall10 = [], 0.0
+        for (_, changed, _), (d, lx) in zip(cases, cands, strict=True):
+            files = files_of(pick(d, lx))[:10]
+            ranked.append([f in changed for f in files])
+            recall10 += len(changed.intersection(files)) / len(changed)
+        m = metrics(ranked)
+        print(f"  {name:<11} file MRR@10 {m['MRR@10']:5.1f}  first-file hit@10 {m['R@10']:5.1f}  "
+              f"mean recall@10 of changed files {100 * recall10 / len(cases):5.1f}")
+    ix.close()
+
+
+def cmd_embed(args) -> None:
+    """Embedding throughput per dtype on real chunks (argparse.py and json/, as the index cuts them),
+    and how close the bfloat16 vectors are to the float32 ones."""
+    import numpy as np
+
+    from index.embed import load_embedder
+    from index.sync import chunk_for, embed_text
+
+    src = corpus_mod.stdlib_dir()
+    out = {}
+    for dtype in ("float32", "bfloat16"):
+        emb = load_embedder(dtype=dtype)
+        texts = []
+        for rel in ("argparse.py", "json/decoder.py", "json/encoder.py"):
+            texts += [embed_text(rel, c.symbol, c.text) for c in chunk_for(rel, (src / rel).read_text(), emb)]
+        texts = texts[:200]
+        emb.encode(texts[:16])  # warm-up
+        t = time.monotonic()
+        out[dtype] = emb.encode(texts)
+        dt = time.monotonic() - t
+        tokens = sum(emb.count_tokens(texts))
+        print(f"{dtype:>9}: {len(texts)} chunks ({tokens / len(texts):.0f} tokens avg) in {dt:.1f}s = "
+              f"{len(texts) / dt:.1f} chunks/s")
+    cos = np.sum(out["float32"] * out["bfloat16"], axis=1)
+    print(f"cosine(bfloat16, float32): min {cos.min():.4f}, mean {cos.mean():.4f}")
+
+
+def cmd_all(args) -> None:
+    print(f"machine: {machine()}\n")
+    for sub in ("quality", "build", "sync", "latency"):
+        cmd = [sys.executable, __file__, sub, "--work", str(args.work)]
+        print(f"$ {' '.join(cmd)}", flush=True)
+        subprocess.run(cmd, check=True)
+        print(flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("command", choices=["quality", "build", "sync", "latency", "repo", "embed", "all"])
+    p.add_argument("--work", type=Path, default=DEFAULT_WORK, help="scratch folder (kept between runs)")
+    p.add_argument("--limit", type=int, default=0, help="quality: evaluate at most this many queries")
+    p.add_argument("--min-chunks", type=int, default=100_000, help="latency: index size to reach")
+    p.add_argument("--repo", type=Path, help="repo: a git work tree with history")
+    p.add_argument("--rev", default="HEAD", help="repo: the revision whose tree and history are used")
+    p.add_argument("--max-commits", type=int, default=500)
+    args = p.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    {"quality": cmd_quality, "build": cmd_build, "sync": cmd_sync, "latency": cmd_latency,
+     "repo": cmd_repo, "embed": cmd_embed, "all": cmd_all}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()

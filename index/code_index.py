@@ -1,0 +1,215 @@
+"""A workspace's semantic code index: open it, keep it in sync (sync.py), search it.
+
+Search embeds the query, takes the best candidates from the dense (FAISS, exact inner product) and
+lexical (BM25) indexes, optionally restricted to a file or folder, and fuses the two lists
+(fusion.py; the weights were tuned on the bench's development queries).
+
+One `CodeIndex` serves one workspace; its methods are thread-safe (one lock: search reads the same
+in-memory FAISS index that sync mutates). Several processes may share a workspace: writers serialise
+on a file lock and readers notice a new generation on their next call (store.py).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from index import store
+from index.embed import Embedder, load_embedder
+from index.files import MAX_FILE_BYTES, STATE_DIR
+from index.fusion import rrf, weighted_sum
+from index.sync import Progress, Syncer, SyncReport
+
+# Candidates taken from each retriever before fusion.
+CANDIDATES = 100
+
+
+@dataclass(frozen=True)
+class Weights:
+    """How the dense and lexical rankings are fused (fusion.py). The defaults were tuned on the
+    development half of bench/search.py's stdlib queries; see bench/INDEX-RESULTS.md."""
+
+    method: str = "sum"  # "sum" (max-normalised weighted sum) or "rrf"
+    dense: float = 0.65
+    lexical: float = 0.35
+    k: float = 60.0  # RRF only
+
+    def fuse(self, dense: tuple[list[int], list[float]], lexical: tuple[list[int], list[float]]
+             ) -> list[tuple[int, float]]:
+        if self.method == "rrf":
+            return rrf([(dense[0], self.dense), (lexical[0], self.lexical)], k=self.k)
+        return weighted_sum([(dense[0], dense[1], self.dense), (lexical[0], lexical[1], self.lexical)])
+
+
+@dataclass
+class Hit:
+    path: str
+    start_line: int
+    end_line: int
+    symbol: str
+    score: float
+    text: str
+    dense_rank: int | None = None
+    lexical_rank: int | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def index_dir_for(root: Path) -> Path:
+    """`<root>/.composer/index`, creating `.composer/` with a .gitignore that keeps it out of git."""
+    base = root / STATE_DIR
+    if not base.exists():
+        base.mkdir(parents=True, exist_ok=True)
+        # Same rule as the agent's state folder: Composer's state never lands in a commit.
+        (base / ".gitignore").write_text(
+            "# Composer's state (sessions, index, logs) stays out of git; config.toml may be shared.\n"
+            "*\n!.gitignore\n!config.toml\n")
+    return base / "index"
+
+
+class CodeIndex:
+    def __init__(self, root: str | Path, *, model: str | None = None, embedder: Embedder | None = None,
+                 index_dir: Path | None = None, max_file_bytes: int = MAX_FILE_BYTES,
+                 weights: Weights = Weights()):
+        self.root = Path(os.path.realpath(root))
+        if not self.root.is_dir():
+            raise NotADirectoryError(f"not a folder: {root}")
+        self.dir = index_dir or index_dir_for(self.root)
+        self.model = model
+        self._embedder = embedder
+        self.max_file_bytes = max_file_bytes
+        self.weights = weights
+        self._lock = threading.RLock()
+        self._con = store.connect(self.dir)
+        self._snap: store.Snapshot | None = None
+
+    @property
+    def embedder(self) -> Embedder:
+        if self._embedder is None:
+            self._embedder = load_embedder(self.model)
+        return self._embedder
+
+    def close(self) -> None:
+        self._con.close()
+
+    def info(self) -> dict[str, str]:
+        return store.read_info(self._con)
+
+    def chunk_count(self) -> int:
+        """Chunks in the committed index."""
+        with self._lock:
+            snap = self._current()
+            return snap.vectors.ntotal if snap is not None else 0
+
+    # -- loading -------------------------------------------------------------------------------------
+
+    def _current(self) -> store.Snapshot | None:
+        """The committed generation, loaded (again only if another writer committed since)."""
+        self._snap = store.load(self._con, self.dir, self._snap)
+        return self._snap
+
+    def _rebuild_reason(self, snap: store.Snapshot | None, emb: Embedder) -> str | None:
+        info = store.read_info(self._con)
+        if not info:
+            return "no index yet"
+        if info.get("format") != store.FORMAT:
+            return "index format changed"
+        if info.get("model") != emb.name or info.get("dim") != str(emb.dim):
+            return f"embedding model changed from {info.get('model')} to {emb.name}"
+        if snap is None:
+            return "index files missing or damaged"
+        return None
+
+    # -- sync ----------------------------------------------------------------------------------------
+
+    def sync(self, *, rebuild: bool = False, progress: Progress | None = None, wait: bool = True,
+             budget_s: float | None = None) -> SyncReport:
+        """Bring the index up to date with the workspace.
+
+        `wait=False` raises `store.IndexBusy` instead of waiting for another process that is writing.
+        `budget_s` stops after the batch that crosses that many seconds; the report's `pending` counts
+        the changed files left for the next sync (the index is consistent either way)."""
+        t0 = time.monotonic()
+        with self._lock, store.writer_lock(self.dir, wait=wait):
+            emb = self.embedder
+            snap = self._current()
+            reason = "rebuild requested" if rebuild else self._rebuild_reason(snap, emb)
+            syncer = Syncer(self._con, self.dir, self.root, emb, snap=snap, rebuild_reason=reason,
+                            max_file_bytes=self.max_file_bytes, progress=progress, budget_s=budget_s)
+            try:
+                report, self._snap = syncer.run()
+            except BaseException:
+                self._snap = None  # in-memory structures may be half-updated: reload from disk
+                raise
+            report.seconds = time.monotonic() - t0
+            return report
+
+    # -- search --------------------------------------------------------------------------------------
+
+    def candidates(self, queries: list[str], n: int = CANDIDATES, *, path: str | None = None,
+                   ) -> list[tuple[tuple[list[int], list[float]], tuple[list[int], list[float]]]]:
+        """For each query, ((ids, scores) from the dense retriever, (ids, scores) from BM25), best
+        first, up to `n` each, restricted to a file or folder when `path` is given. The two fused are
+        the search result; apart they are what evaluations compare."""
+        import faiss
+
+        with self._lock:
+            snap = self._current()
+            none: tuple[list[int], list[float]] = ([], [])
+            if snap is None or snap.vectors.ntotal == 0 or not queries:
+                return [(none, none) for _ in queries]
+            emb = self.embedder
+            if snap.info.get("model") != emb.name:
+                raise ValueError(f"the index was built with {snap.info.get('model')}, not {emb.name}; "
+                                 "sync (or rebuild) it first")
+            allowed = None
+            prefix = (path or "").strip().strip("/")
+            if prefix and prefix != ".":
+                ids = store.ids_under(self._con, prefix)
+                if not ids:
+                    return [(none, none) for _ in queries]
+                allowed = np.asarray(ids, dtype=np.int64)
+            qv = emb.encode(queries)
+            selector = faiss.IDSelectorBatch(allowed) if allowed is not None else None
+            params = faiss.SearchParameters(sel=selector) if selector is not None else None
+            dist, dense = snap.vectors.search(qv, min(n, snap.vectors.ntotal), params=params)
+            out = []
+            for qi, q in enumerate(queries):
+                keep = dense[qi] >= 0
+                lex_ids, lex_scores = snap.lexical.search(q, n, allowed=allowed)
+                out.append(((dense[qi][keep].tolist(), dist[qi][keep].tolist()),
+                            (lex_ids.tolist(), lex_scores.tolist())))
+            return out
+
+    def chunks(self, ids: list[int]) -> dict[int, store.ChunkRow]:
+        with self._lock:
+            return store.chunks_by_id(self._con, ids)
+
+    def search(self, query: str, k: int = 10, *, path: str | None = None) -> list[Hit]:
+        """The `k` best chunks for `query`, best first; `path` restricts to a file or folder (POSIX,
+        relative to the root). Searches what is indexed now: call `sync()` first for fresh results."""
+        query = query.strip()
+        if not query:
+            raise ValueError("the query is empty")
+        if k < 1:
+            raise ValueError("k must be at least 1")
+        with self._lock:
+            (dense, lexical), = self.candidates([query], max(k, CANDIDATES), path=path)
+            fused = self.weights.fuse(dense, lexical)[:k]
+            rows = store.chunks_by_id(self._con, [cid for cid, _ in fused])
+        dense_ids, lex_ids = dense[0], lexical[0]
+        dense_rank = {cid: r for r, cid in enumerate(dense_ids, start=1)}
+        lex_rank = {cid: r for r, cid in enumerate(lex_ids, start=1)}
+        hits = []
+        for cid, score in fused:
+            r = rows.get(cid)
+            if r is not None:
+                hits.append(Hit(r.path, r.start_line, r.end_line, r.symbol, round(score, 6), r.text,
+                                dense_rank.get(cid), lex_rank.get(cid)))
+        return hits

@@ -1,0 +1,98 @@
+"""A build killed mid-way (SIGKILL, a real subprocess) leaves the previous index usable."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from index.code_index import CodeIndex
+
+from .conftest import copy_modules
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_sigkill_during_a_build_keeps_the_previous_index(indexed_repo: Path, embedder):
+    before = CodeIndex(indexed_repo, embedder=embedder)
+    gen = before.info()["gen"]
+    n_before = before._current().vectors.ntotal
+    # Enough new code (~150 chunks) that embedding takes seconds, so the kill lands in the middle.
+    copy_modules(indexed_repo, ["argparse.py", "getopt.py"])
+    code = ("import sys; from pathlib import Path; from index.cli import main_index; "
+            "sys.exit(main_index([], Path(sys.argv[1])))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", code, str(indexed_repo)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        line = ""
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if line.startswith("embedding ") or not line and proc.poll() is not None:
+                break
+        assert line.startswith("embedding "), f"the build never started embedding: {line!r}"
+        time.sleep(1.0)
+        assert proc.poll() is None, "the build finished before it could be killed"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stdout.close()
+        proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL
+
+    after = CodeIndex(indexed_repo, embedder=embedder)
+    assert after.info()["gen"] == gen
+    assert after._current().vectors.ntotal == n_before
+    hits = after.search("wrap a paragraph of text to a fixed line width", 3)
+    assert hits[0].path == "textwrap.py"
+    assert not after._con.execute("SELECT 1 FROM files WHERE path = 'argparse.py'").fetchall()
+    # The lock died with the process; the next sync finishes the job and cleans the leftovers.
+    r = after.sync()
+    assert r.added == ["argparse.py", "getopt.py"]
+    assert not [p.name for p in after.dir.iterdir() if p.name.endswith(".tmp")]
+
+
+@pytest.mark.slow
+def test_sigkill_after_some_batches_keeps_them_and_the_next_sync_finishes(indexed_repo: Path, embedder):
+    before = CodeIndex(indexed_repo, embedder=embedder)
+    gen = int(before.info()["gen"])
+    copy_modules(indexed_repo, ["argparse.py", "calendar.py", "difflib.py", "getopt.py", "pprint.py"])
+    # Small batches, so that several commits happen within the build (the setting, not the code path,
+    # is what the test changes).
+    code = ("import sys; from pathlib import Path; import index.sync; index.sync.BATCH_CHUNKS = 20; "
+            "from index.cli import main_index; sys.exit(main_index([], Path(sys.argv[1])))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", code, str(indexed_repo)], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if int(before.info().get("gen", gen)) >= gen + 2:  # two batches committed
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the build finished before it could be killed"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+    after = CodeIndex(indexed_repo, embedder=embedder)
+    done = {r[0] for r in after._con.execute("SELECT path FROM files")}
+    new = {"argparse.py", "calendar.py", "difflib.py", "getopt.py", "pprint.py"}
+    assert 0 < len(new & done) < len(new)  # some files committed, not all
+    assert int(after.info()["gen"]) >= gen + 2
+    assert after.search("wrap a paragraph of text to a fixed line width", 1)[0].path == "textwrap.py"
+    r = after.sync()
+    assert r.rebuilt is None and set(r.added) == new - done
+    assert r.embedded == sum(n for p, n in after._con.execute("SELECT path, n_chunks FROM files")
+                             if p in new - done)

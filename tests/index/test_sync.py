@@ -1,0 +1,249 @@
+"""Building and incrementally syncing a real index (real model, real stdlib files, real git repos)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from index import store
+from index.code_index import CodeIndex
+from tests.conftest import git
+
+from .conftest import STDLIB, copy_modules, make_repo
+
+
+def top_paths(ix: CodeIndex, query: str, k: int = 3, **kw) -> list[str]:
+    return [h.path for h in ix.search(query, k, **kw)]
+
+
+def consistent(ix: CodeIndex) -> None:
+    """Database rows, FAISS vectors and BM25 rows describe the same chunks."""
+    snap = ix._current()
+    ids = sorted(r[0] for r in ix._con.execute("SELECT id FROM chunks"))
+    assert snap.vectors.ntotal == len(ids) == len(snap.lexical)
+    assert list(snap.lexical.ids) == ids
+    per_file = dict(ix._con.execute("SELECT path, COUNT(*) FROM chunks GROUP BY path").fetchall())
+    recorded = dict(ix._con.execute("SELECT path, n_chunks FROM files WHERE n_chunks > 0").fetchall())
+    assert per_file == recorded
+
+
+def test_first_build(tmp_path: Path, embedder):
+    repo = make_repo(tmp_path / "repo", ["textwrap.py", "colorsys.py"])
+    ix = CodeIndex(repo, embedder=embedder)
+    first = ix.sync()
+    assert first.rebuilt == "no index yet"
+    assert first.chunks > 10 and first.indexed_files == len(first.added) == 2
+    assert first.embedded == first.chunks
+    assert top_paths(ix, "wrap a paragraph of text to a fixed line width")[0] == "textwrap.py"
+    consistent(ix)
+
+
+def test_incremental_add_modify_delete_rename(indexed_repo: Path, embedder):
+    stdlib_repo = indexed_repo
+    ix = CodeIndex(stdlib_repo, embedder=embedder)
+    again = ix.sync()
+    assert (again.changed, again.embedded, again.rebuilt) == (0, 0, None)
+    assert top_paths(ix, "wrap a paragraph of text to a fixed line width")[0] == "textwrap.py"
+
+    # Add a file: a module the index has not seen.
+    shutil.copy2(STDLIB / "getopt.py", stdlib_repo / "getopt.py")
+    r = ix.sync()
+    assert r.added == ["getopt.py"] and not r.modified and not r.deleted
+    assert "getopt.py" in top_paths(ix, "parse command line options like the unix getopt function")
+
+    # Modify one function: only its chunk is embedded again, the rest of the file keeps its vectors.
+    tw = stdlib_repo / "textwrap.py"
+    text = tw.read_text()
+    assert "def dedent(text):" in text
+    tw.write_text(text.replace("def dedent(text):",
+                               "def strip_common_margin(text):\n    return dedent(text)\n\n\ndef dedent(text):"))
+    r = ix.sync()
+    assert r.modified == ["textwrap.py"]
+    assert 1 <= r.embedded <= 3 and r.reused > 10
+    hits = ix.search("strip_common_margin", 3)
+    assert any(h.path == "textwrap.py" and "strip_common_margin" in h.text for h in hits)
+
+    # Delete a file: its chunks go.
+    (stdlib_repo / "colorsys.py").unlink()
+    r = ix.sync()
+    assert r.deleted == ["colorsys.py"]
+    assert all(h.path != "colorsys.py" for h in ix.search("convert rgb color to hls", 10))
+
+    # Rename (git mv): the old path disappears, the new one answers.
+    (stdlib_repo / "lexing").mkdir()
+    git(stdlib_repo, "mv", "shlex.py", "lexing/shlex.py")
+    r = ix.sync()
+    assert r.deleted == ["shlex.py"] and r.added == ["lexing/shlex.py"]
+    assert top_paths(ix, "split a string using shell-like syntax", 1) == ["lexing/shlex.py"]
+    assert not ix._con.execute("SELECT 1 FROM chunks WHERE path = 'shlex.py'").fetchall()
+    consistent(ix)
+
+    # What is on disk answers like what is in memory (another process sees the same index).
+    fresh = CodeIndex(stdlib_repo, embedder=embedder)
+    q = "heap queue priority push pop"
+    assert [(h.path, h.start_line) for h in fresh.search(q, 5)] == [(h.path, h.start_line) for h in ix.search(q, 5)]
+    files = {p.name for p in ix.dir.iterdir()}
+    assert sum(n.startswith("vectors-") for n in files) == 1, files  # old generations are removed
+
+
+def test_path_restricts_results(indexed_repo: Path, embedder):
+    ix = CodeIndex(indexed_repo, embedder=embedder)
+    assert {h.path.split("/")[0] for h in ix.search("decode a string", 8, path="json")} == {"json"}
+    assert set(top_paths(ix, "decode a string", 8, path="json/decoder.py")) == {"json/decoder.py"}
+    assert ix.search("decode a string", 5, path="no/such/folder") == []
+
+
+def test_a_workspace_outside_git_is_indexed(tmp_path: Path, embedder):
+    root = tmp_path / "plain"
+    root.mkdir()
+    copy_modules(root, ["fnmatch.py", "colorsys.py"])
+    (root / ".gitignore").write_text("colorsys.py\n")
+    ix = CodeIndex(root, embedder=embedder)
+    r = ix.sync()
+    assert r.added == [".gitignore", "fnmatch.py"]
+    assert top_paths(ix, "match a filename against a shell pattern", 1) == ["fnmatch.py"]
+    assert (root / ".composer" / ".gitignore").read_text().splitlines()[1] == "*"
+
+
+def test_edit_within_the_same_mtime_tick_is_noticed(tmp_path: Path, embedder):
+    # Same size, same mtime, different bytes: caught because a freshly written file's mtime is not
+    # trusted (it is recorded as unknown, so the next sync hashes it).
+    f = tmp_path / "m.py"
+    f.write_text("def alpha_function():\n    return 'aaaa'\n")
+    ix = CodeIndex(tmp_path, embedder=embedder)
+    ix.sync()
+    st = f.stat()
+    f.write_text("def omega_function():\n    return 'zzzz'\n")
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    r = ix.sync()
+    assert r.modified == ["m.py"]
+    assert "omega_function" in ix.search("omega", 1)[0].text
+
+
+def test_non_utf8_and_binary_files(git_repo: Path, embedder):
+    (git_repo / "legacy.py").write_bytes(
+        "# Fonctions de la pâtisserie\ndef crème_brûlée(sucre):\n    return sucre * 2\n".encode("latin-1"))
+    (git_repo / "data.bin").write_bytes(bytes(range(256)) * 4)
+    (git_repo / "logo.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(200))
+    (git_repo / "utf16.txt").write_bytes("notes about the bakery oven\n".encode("utf-16"))
+    copy_modules(git_repo, ["bisect.py"])
+    ix = CodeIndex(git_repo, embedder=embedder)
+    r = ix.sync()
+    status = dict(ix._con.execute("SELECT path, status FROM files").fetchall())
+    assert status == {"legacy.py": "indexed", "data.bin": "binary", "logo.png": "binary",
+                      "utf16.txt": "indexed", "bisect.py": "indexed"}
+    assert r.skipped == {"binary": 2}
+    hit = ix.search("crème_brûlée", 1)[0]
+    assert hit.path == "legacy.py" and "crème_brûlée" in hit.text
+    assert top_paths(ix, "bakery oven notes", 1) == ["utf16.txt"]
+
+
+@pytest.mark.slow
+def test_model_change_forces_rebuild(tmp_path: Path, embedder):
+    from sentence_transformers import SentenceTransformer, models
+
+    from index.embed import load_embedder
+
+    stdlib_repo = make_repo(tmp_path / "repo", ["textwrap.py", "colorsys.py"])
+    ix = CodeIndex(stdlib_repo, embedder=embedder)
+    ix.sync()
+    assert ix.info()["model"] == embedder.name and ix.info()["dim"] == "384"
+    # A genuinely different model: MiniLM plus a projection to 64 dimensions, saved as a folder.
+    import torch
+
+    torch.manual_seed(0)
+    word = models.Transformer(str(Path(embedder.model[0].auto_model.name_or_path)))
+    pool = models.Pooling(word.get_embedding_dimension())
+    dense = models.Dense(word.get_embedding_dimension(), 64)
+    folder = tmp_path / "minilm-64"
+    SentenceTransformer(modules=[word, pool, dense], device="cpu").save(str(folder))
+    other = load_embedder(str(folder))
+    assert other.dim == 64
+
+    ix2 = CodeIndex(stdlib_repo, embedder=other)
+    r = ix2.sync()
+    assert r.rebuilt and "embedding model changed" in r.rebuilt
+    assert ix2.info()["model"] == str(folder) and ix2.info()["dim"] == "64"
+    assert r.embedded == r.chunks > 0
+    assert ix2.search("wrap text", 3)
+    # The original index object notices the switch rather than mixing vectors of two models.
+    with pytest.raises(ValueError, match="built with"):
+        ix.search("wrap text", 3)
+    assert ix.sync().rebuilt.startswith("embedding model changed")
+    assert ix.info()["dim"] == "384"
+
+
+def test_a_failed_commit_keeps_the_previous_index(indexed_repo: Path, embedder, monkeypatch):
+    stdlib_repo = indexed_repo
+    ix = CodeIndex(stdlib_repo, embedder=embedder)
+    gen = ix.info()["gen"]
+    shutil.copy2(STDLIB / "getopt.py", stdlib_repo / "getopt.py")
+
+    def crash(*a, **kw):  # the new generation's files are written; the switch never happens
+        raise OSError("disk full")
+
+    monkeypatch.setattr(store, "commit", crash)
+    with pytest.raises(OSError, match="disk full"):
+        ix.sync()
+    monkeypatch.undo()
+    reader = CodeIndex(stdlib_repo, embedder=embedder)
+    assert reader.info()["gen"] == gen
+    assert "getopt.py" not in top_paths(reader, "parse command line options like the unix getopt function", 5)
+    assert top_paths(reader, "wrap a paragraph of text to a fixed line width", 1) == ["textwrap.py"]
+    consistent(reader)
+    r = ix.sync()  # the half-updated in-memory state was dropped; the retry works from disk
+    assert r.added == ["getopt.py"]
+    consistent(ix)
+
+
+def test_a_busy_index_is_reported_not_waited_for(indexed_repo: Path, embedder):
+    ix = CodeIndex(indexed_repo, embedder=embedder)
+    with store.writer_lock(ix.dir), pytest.raises(store.IndexBusy):
+        ix.sync(wait=False)
+
+
+def test_empty_workspace(tmp_path: Path, embedder):
+    ix = CodeIndex(tmp_path, embedder=embedder)
+    r = ix.sync()
+    assert r.chunks == 0
+    assert ix.search("anything", 5) == []
+    with pytest.raises(ValueError):
+        ix.search("   ", 5)
+
+
+def test_a_time_budget_commits_whole_batches_and_the_next_sync_continues(tmp_path: Path, embedder,
+                                                                           monkeypatch):
+    from index import sync
+
+    repo = make_repo(tmp_path / "repo", ["textwrap.py", "colorsys.py", "fnmatch.py", "bisect.py"])
+    monkeypatch.setattr(sync, "BATCH_CHUNKS", 10)  # about one file per batch
+    ix = CodeIndex(repo, embedder=embedder)
+    first = ix.sync(budget_s=0)  # stop after the first batch
+    assert first.pending == 3 and first.added == ["bisect.py"]
+    assert "3 more files are indexed on the next searches" in first.summary()
+    consistent(ix)
+    assert ix.search("insert into a sorted list", 3)  # the partial index answers
+    rest = ix.sync()
+    assert rest.pending == 0 and rest.rebuilt is None
+    assert rest.added == ["colorsys.py", "fnmatch.py", "textwrap.py"]
+    assert rest.embedded == rest.chunks - first.chunks  # nothing committed before is embedded again
+    consistent(ix)
+    assert top_paths(ix, "wrap a paragraph of text to a fixed line width", 1) == ["textwrap.py"]
+
+
+def test_embedded_chunks_fit_the_model_window(indexed_repo: Path, embedder):
+    """Header + code is sized in the model's own tokens: nothing the embedder reads gets truncated
+    (single lines longer than the window excepted)."""
+    from index.sync import embed_text
+
+    ix = CodeIndex(indexed_repo, embedder=embedder)
+    rows = ix._con.execute("SELECT path, start_line, end_line, symbol, text FROM chunks").fetchall()
+    counts = embedder.count_tokens([embed_text(p, sym, text) for p, _, _, sym, text in rows])
+    too_long = [(r[0], r[1], n) for r, n in zip(rows, counts, strict=True)
+                if n > embedder.max_tokens - 2 and r[1] != r[2]]
+    assert len(rows) > 100 and not too_long
+    # ...and the budget is used: chunks are not needlessly small.
+    assert sorted(counts)[len(counts) // 2] > 60
