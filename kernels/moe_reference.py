@@ -66,19 +66,56 @@ def moe_reference(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK
 
 
 def moe_all_experts(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor,
-                    w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+                    w13: torch.Tensor, w2: torch.Tensor, w13_packed: torch.Tensor | None = None) -> torch.Tensor:
     """Small batches on a CPU: every expert on every token in two batched matmuls, unselected experts
     weighted zero. When the batch touches most experts anyway (T * K >= E) this reads the same weight
     bytes as the grouped loop but issues a handful of ops instead of ~10 per expert, which is what a
-    CPU decode step is bound by. Plain weights only; matmuls in x's dtype, the sum in float32."""
+    CPU decode step is bound by. Plain weights only; matmuls in x's dtype, the sum in float32.
+    `w13_packed` is w13 as [E * 2I, D] packed by kernels.cpu_pack (twice as fast at these sizes)."""
     T, D = x_TD.shape
     E, inter = w13.shape[0], w2.shape[2]
-    gate_up_TEN = (x_TD @ w13.reshape(E * 2 * inter, D).T).view(T, E, 2 * inter)
+    if w13_packed is not None:
+        from kernels.cpu_pack import packed_linear
+
+        gate_up_TEN = packed_linear(x_TD, w13_packed).view(T, E, 2 * inter)
+    else:
+        gate_up_TEN = (x_TD @ w13.reshape(E * 2 * inter, D).T).view(T, E, 2 * inter)
     h_TEI = F.silu(gate_up_TEN[..., :inter]) * gate_up_TEN[..., inter:]
     gate_TE = torch.zeros(T, E, dtype=torch.float32, device=x_TD.device)
     gate_TE.scatter_add_(1, topk_ids_TK.long(), topk_weights_TK.to(torch.float32))
     y_ETD = torch.bmm(h_TEI.transpose(0, 1), w2.transpose(1, 2))
     out_TD = torch.einsum("te,etd->td", gate_TE, y_ETD.to(torch.float32))
+    return out_TD.to(x_TD.dtype)
+
+
+def moe_few_tokens(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor,
+                   w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """Small CPU batches that touch few experts (a single sequence's decode step): the grouped
+    reference's arithmetic with the grouping done in Python, so each used expert costs a few ops and
+    a lone token needs no gather or scatter. Plain weights, inference only; the sum in float32."""
+    T, D = x_TD.shape
+    inter = w2.shape[2]
+    groups: dict[int, list[tuple[int, int]]] = {}
+    for t, row in enumerate(topk_ids_TK.tolist()):
+        for k, e in enumerate(row):
+            groups.setdefault(e, []).append((t, k))
+    weights_TK = topk_weights_TK.to(torch.float32)
+    out_TD = torch.zeros(T, D, dtype=torch.float32, device=x_TD.device)
+    for e, pairs in groups.items():
+        if len(pairs) == 1:
+            (t, k), = pairs
+            x_ND = x_TD[t : t + 1]
+        else:
+            tokens = torch.tensor([t for t, _ in pairs], device=x_TD.device)
+            x_ND = x_TD[tokens]
+        gate_up_N2I = x_ND @ w13[e].T
+        h_NI = F.silu(gate_up_N2I[:, :inter]) * gate_up_N2I[:, inter:]
+        y_ND = (h_NI @ w2[e].T).to(torch.float32)
+        if len(pairs) == 1:
+            out_TD[t].add_(y_ND[0] * weights_TK[t, k])
+        else:
+            w_N = weights_TK[tokens, torch.tensor([k for _, k in pairs], device=x_TD.device)]
+            out_TD.index_add_(0, tokens, y_ND * w_N[:, None])
     return out_TD.to(x_TD.dtype)
 
 

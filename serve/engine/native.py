@@ -47,6 +47,8 @@ class EngineConfig:
     kv_cache_tokens: int | None = None
     """KV-cache capacity in tokens; default: 90% of free GPU memory, or 8 x max_model_len on CPU."""
     prefix_caching: bool = True
+    cpu_pack: bool = True
+    """On a CPU, reorder linear weights for oneDNN at load (kernels/cpu_pack.py): faster small batches."""
 
     def __post_init__(self) -> None:
         if self.quant not in ("auto", "none", "mxfp8"):
@@ -67,6 +69,7 @@ class NativeEngine(Engine):
         self.dtype = resolve_dtype(c.dtype, self.device.type)
         self.quant = c.quant if c.quant != "auto" else ("mxfp8" if self.device.type == "cuda" else "none")
         self.model = load_model(model_dir, device=self.device, dtype=self.dtype, quant=self.quant)
+        self.packing = self.model.pack_for_cpu() if self.device.type == "cpu" and c.cpu_pack else ""
         self.max_model_len = c.max_model_len or self.model.cfg.max_position_embeddings
         per_token = ModelRunner.kv_bytes_per_token(self.model, self.dtype)
         tokens = c.kv_cache_tokens or self._default_kv_tokens(per_token)
@@ -94,7 +97,8 @@ class NativeEngine(Engine):
         dense, experts = self.model.weight_bytes()
         return (f"engine native, {self.device.type}, {self.dtype}, experts {self.quant}, weights "
                 f"{(dense + experts) / 2**20:.1f} MiB (experts {experts / 2**20:.1f} MiB), KV cache "
-                f"{self.kv_cache_bytes / 2**20:.1f} MiB ({len(self.blocks.blocks) * self.config.block_size} tokens)")
+                f"{self.kv_cache_bytes / 2**20:.1f} MiB ({len(self.blocks.blocks) * self.config.block_size} tokens)"
+                + (f"; {self.packing}" if self.packing else ""))
 
     def stats(self) -> EngineStats:
         return EngineStats(running=len(self.scheduler.running), waiting=len(self.scheduler.waiting) + self._inbox.qsize(),

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels import MXFP8Tensor, moe_forward
+from kernels import MXFP8Tensor, cpu_pack, moe_forward
 from serve.model.config import ModelConfig
 from serve.model.layers import AttnMeta, RMSNorm, Rotary, apply_rope, paged_attention
 
@@ -62,6 +62,7 @@ class SparseMoE(nn.Module):
         self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
         self.w13: torch.Tensor | MXFP8Tensor = torch.empty(0)
         self.w2: torch.Tensor | MXFP8Tensor = torch.empty(0)
+        self.w13_packed: torch.Tensor | None = None  # CPU: w13 as [E * 2I, D] in oneDNN layout
 
     def forward(self, x_TD: torch.Tensor) -> torch.Tensor:
         logits_TE = self.gate(x_TD)
@@ -69,7 +70,8 @@ class SparseMoE(nn.Module):
         weights_TK, ids_TK = torch.topk(probs_TE, self.top_k, dim=-1)
         if self.norm_topk:
             weights_TK = weights_TK / weights_TK.sum(dim=-1, keepdim=True)
-        return moe_forward(x_TD, ids_TK, weights_TK.to(logits_TE.dtype), self.w13, self.w2)
+        return moe_forward(x_TD, ids_TK, weights_TK.to(logits_TE.dtype), self.w13, self.w2,
+                           w13_packed=self.w13_packed)
 
 
 class DecoderLayer(nn.Module):
@@ -109,12 +111,31 @@ class Qwen3MoeModel(nn.Module):
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             x_TD = layer(x_TD, cos_TC, sin_TC, k_cache, v_cache, meta)
         h_BD = self.norm(x_TD[logits_rows_B])
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(h_BD, weight).float()
+        logits = F.linear(h_BD, self.embed_tokens.weight) if self.lm_head is None else self.lm_head(h_BD)
+        return logits.float()
+
+    def pack_for_cpu(self, expert_copy_limit: int = 4 << 30) -> str:
+        """Inference on a CPU: every linear layer's weight reordered for oneDNN (kernels/cpu_pack.py;
+        no extra memory), and, while the plain w13 of all layers totals at most `expert_copy_limit`
+        bytes, a packed copy of it for the small-batch expert path (the grouped path for single
+        sequences and prefills needs the plain one). Returns what was done, for the start-up line."""
+        dtype = self.embed_tokens.weight.dtype
+        if self.embed_tokens.weight.device.type != "cpu" or not cpu_pack.available(dtype):
+            return "not packed"
+        n = cpu_pack.pack_linears(self)
+        plain = [m for m in self.moe_layers() if isinstance(m.w13, torch.Tensor)]
+        w13_bytes = sum(m.w13.numel() * m.w13.element_size() for m in plain)
+        if plain and w13_bytes <= expert_copy_limit:
+            for m in plain:
+                E, two_i, D = m.w13.shape
+                m.w13_packed = cpu_pack.pack(m.w13.reshape(E * two_i, D))
+            return f"{n} linears packed for oneDNN, + {w13_bytes / 2**20:.1f} MiB packed expert copy"
+        return f"{n} linears packed for oneDNN"
 
     def weight_bytes(self) -> tuple[int, int]:
-        """(dense bytes, expert bytes) as stored."""
+        """(dense bytes, expert bytes) as stored (a packed CPU copy of w13 not included)."""
         dense = sum(p.numel() * p.element_size() for p in self.parameters())
+        dense += sum(m.stored_bytes for m in self.modules() if isinstance(m, cpu_pack.PackedLinear))
         experts = 0
         for moe in self.moe_layers():
             for w in (moe.w13, moe.w2):
