@@ -1,7 +1,7 @@
 """The MoE seam: the one function the model (serve/model, train) calls for a Qwen3-MoE expert layer.
 
     moe_forward(x_TD, topk_ids_TK, topk_weights_TK, w13, w2, *, backend="auto", mma="auto",
-                w13_packed=None) -> out_TD
+                cpu_packed=None) -> out_TD
 
     T tokens, D hidden size, K experts per token, E experts, I expert intermediate size.
     x_TD            [T, D]      bf16 (fp16/fp32 accepted) hidden states
@@ -20,8 +20,8 @@ dequantized weights. The kernel path does not build an autograd graph; for train
 precision use `kernels.mxfp8_linear.mxfp8_moe` (same forward, gradients to master weights).
 
 `backend` forces "triton" or "torch"; `mma` picks the kernel's matrix multiply ("dequant" for sm_90,
-"dot_scaled" for sm_100+, "auto" by device); see kernels/moe_triton.py. `w13_packed` (CPU inference
-with plain weights) is `kernels.cpu_pack.pack(w13.reshape(E * 2I, D))`, used by small batches.
+"dot_scaled" for sm_100+, "auto" by device); see kernels/moe_triton.py. `cpu_packed` (CPU inference
+with plain weights) is `kernels.moe_reference.pack_experts(w13, w2)`, used by small batches.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ SMALL_BATCH = 64
 
 def moe_forward(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor,
                 w13: torch.Tensor | MXFP8Tensor, w2: torch.Tensor | MXFP8Tensor, *,
-                backend: Backend = "auto", mma: str = "auto", w13_packed: torch.Tensor | None = None) -> torch.Tensor:
+                backend: Backend = "auto", mma: str = "auto", cpu_packed: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     _check(x_TD, topk_ids_TK, topk_weights_TK, w13, w2)
     if isinstance(w13, MXFP8Tensor):
         if use_triton(x_TD.device, backend):
@@ -51,7 +51,7 @@ def moe_forward(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: 
     T, K = topk_ids_TK.shape
     if x_TD.device.type == "cpu" and T <= SMALL_BATCH and not torch.is_grad_enabled():
         if T * K >= w13.shape[0]:
-            return moe_all_experts(x_TD, topk_ids_TK, topk_weights_TK, w13, w2, w13_packed)
+            return moe_all_experts(x_TD, topk_ids_TK, topk_weights_TK, w13, w2, cpu_packed)
         return moe_few_tokens(x_TD, topk_ids_TK, topk_weights_TK, w13, w2)
     return moe_reference(x_TD, topk_ids_TK, topk_weights_TK, w13, w2)
 

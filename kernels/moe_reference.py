@@ -66,26 +66,39 @@ def moe_reference(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK
 
 
 def moe_all_experts(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor,
-                    w13: torch.Tensor, w2: torch.Tensor, w13_packed: torch.Tensor | None = None) -> torch.Tensor:
+                    w13: torch.Tensor, w2: torch.Tensor,
+                    packed: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Small batches on a CPU: every expert on every token in two batched matmuls, unselected experts
     weighted zero. When the batch touches most experts anyway (T * K >= E) this reads the same weight
     bytes as the grouped loop but issues a handful of ops instead of ~10 per expert, which is what a
     CPU decode step is bound by. Plain weights only; matmuls in x's dtype, the sum in float32.
-    `w13_packed` is w13 as [E * 2I, D] packed by kernels.cpu_pack (twice as fast at these sizes)."""
+
+    `packed` = (w13 as [E * 2I, D], w2 as [D, E * I]) packed by kernels.cpu_pack (see
+    `pack_experts`): two plain-layout matmuls, the router weights applied before the second, which
+    then also sums over experts; about twice as fast at decode sizes."""
     T, D = x_TD.shape
     E, inter = w13.shape[0], w2.shape[2]
-    if w13_packed is not None:
-        from kernels.cpu_pack import packed_linear
-
-        gate_up_TEN = packed_linear(x_TD, w13_packed).view(T, E, 2 * inter)
-    else:
-        gate_up_TEN = (x_TD @ w13.reshape(E * 2 * inter, D).T).view(T, E, 2 * inter)
-    h_TEI = F.silu(gate_up_TEN[..., :inter]) * gate_up_TEN[..., inter:]
     gate_TE = torch.zeros(T, E, dtype=torch.float32, device=x_TD.device)
     gate_TE.scatter_add_(1, topk_ids_TK.long(), topk_weights_TK.to(torch.float32))
+    if packed is not None:
+        from kernels.cpu_pack import packed_linear
+
+        gate_up_TEN = packed_linear(x_TD, packed[0]).view(T, E, 2 * inter)
+        h_TEI = F.silu(gate_up_TEN[..., :inter]) * gate_up_TEN[..., inter:] * gate_TE[:, :, None]
+        return packed_linear(h_TEI.reshape(T, E * inter).to(x_TD.dtype), packed[1]).to(x_TD.dtype)
+    gate_up_TEN = (x_TD @ w13.reshape(E * 2 * inter, D).T).view(T, E, 2 * inter)
+    h_TEI = F.silu(gate_up_TEN[..., :inter]) * gate_up_TEN[..., inter:]
     y_ETD = torch.bmm(h_TEI.transpose(0, 1), w2.transpose(1, 2))
     out_TD = torch.einsum("te,etd->td", gate_TE, y_ETD.to(torch.float32))
     return out_TD.to(x_TD.dtype)
+
+
+def pack_experts(w13: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `packed` argument of moe_all_experts for plain CPU weights w13 [E, 2I, D], w2 [E, D, I]."""
+    from kernels.cpu_pack import pack
+
+    E, two_i, D = w13.shape
+    return pack(w13.reshape(E * two_i, D)), pack(w2.permute(1, 0, 2).reshape(D, E * (two_i // 2)))
 
 
 def moe_few_tokens(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor,

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels import MXFP8Tensor, cpu_pack, moe_forward
+from kernels.moe_reference import pack_experts
 from serve.model.config import ModelConfig
 from serve.model.layers import AttnMeta, RMSNorm, Rotary, apply_rope, paged_attention
 
@@ -62,7 +63,7 @@ class SparseMoE(nn.Module):
         self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
         self.w13: torch.Tensor | MXFP8Tensor = torch.empty(0)
         self.w2: torch.Tensor | MXFP8Tensor = torch.empty(0)
-        self.w13_packed: torch.Tensor | None = None  # CPU: w13 as [E * 2I, D] in oneDNN layout
+        self.cpu_packed: tuple[torch.Tensor, torch.Tensor] | None = None  # see Qwen3MoeModel.pack_for_cpu
 
     def forward(self, x_TD: torch.Tensor) -> torch.Tensor:
         logits_TE = self.gate(x_TD)
@@ -71,7 +72,7 @@ class SparseMoE(nn.Module):
         if self.norm_topk:
             weights_TK = weights_TK / weights_TK.sum(dim=-1, keepdim=True)
         return moe_forward(x_TD, ids_TK, weights_TK.to(logits_TE.dtype), self.w13, self.w2,
-                           w13_packed=self.w13_packed)
+                           cpu_packed=self.cpu_packed)
 
 
 class DecoderLayer(nn.Module):
@@ -114,23 +115,25 @@ class Qwen3MoeModel(nn.Module):
         logits = F.linear(h_BD, self.embed_tokens.weight) if self.lm_head is None else self.lm_head(h_BD)
         return logits.float()
 
-    def pack_for_cpu(self, expert_copy_limit: int = 4 << 30) -> str:
-        """Inference on a CPU: every linear layer's weight reordered for oneDNN (kernels/cpu_pack.py;
-        no extra memory), and, while the plain w13 of all layers totals at most `expert_copy_limit`
-        bytes, a packed copy of it for the small-batch expert path (the grouped path for single
-        sequences and prefills needs the plain one). Returns what was done, for the start-up line."""
+    def pack_for_cpu(self, expert_copy_limit: int = 4 << 30,
+                     min_linear_elements: int = cpu_pack.MIN_PACKED_ELEMENTS) -> str:
+        """Inference on a CPU: the weights of large linear layers reordered for oneDNN
+        (kernels/cpu_pack.py; no extra memory), and, while the plain expert weights of all layers total at most
+        `expert_copy_limit` bytes, a packed copy of them for the small-batch expert path (the paths
+        for single sequences and prefills need the plain ones). Returns what was done, for the
+        start-up line."""
         dtype = self.embed_tokens.weight.dtype
         if self.embed_tokens.weight.device.type != "cpu" or not cpu_pack.available(dtype):
             return "not packed"
-        n = cpu_pack.pack_linears(self)
+        n = cpu_pack.pack_linears(self, min_linear_elements)
+        done = f"{n} linear layer{'s' * (n != 1)} packed for oneDNN"
         plain = [m for m in self.moe_layers() if isinstance(m.w13, torch.Tensor)]
-        w13_bytes = sum(m.w13.numel() * m.w13.element_size() for m in plain)
-        if plain and w13_bytes <= expert_copy_limit:
+        copy_bytes = sum((m.w13.numel() + m.w2.numel()) * m.w13.element_size() for m in plain)
+        if plain and copy_bytes <= expert_copy_limit:
             for m in plain:
-                E, two_i, D = m.w13.shape
-                m.w13_packed = cpu_pack.pack(m.w13.reshape(E * two_i, D))
-            return f"{n} linears packed for oneDNN, + {w13_bytes / 2**20:.1f} MiB packed expert copy"
-        return f"{n} linears packed for oneDNN"
+                m.cpu_packed = pack_experts(m.w13, m.w2)
+            return f"{done}, + {copy_bytes / 2**20:.1f} MiB packed expert copy"
+        return done
 
     def weight_bytes(self) -> tuple[int, int]:
         """(dense bytes, expert bytes) as stored (a packed CPU copy of w13 not included)."""

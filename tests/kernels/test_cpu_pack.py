@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from kernels import cpu_pack
-from kernels.moe_reference import moe_all_experts, moe_reference
+from kernels.moe_reference import moe_all_experts, moe_reference, pack_experts
 
 pytestmark = pytest.mark.skipif(not cpu_pack.available(torch.float32), reason="torch built without oneDNN")
 
@@ -29,7 +29,8 @@ def test_pack_linears_swaps_modules_and_keeps_outputs():
     x = torch.randn(2, 5, 64)  # leading dimensions are kept
     with torch.inference_mode():
         want = net(x)
-        assert cpu_pack.pack_linears(net) == 2
+        assert cpu_pack.pack_linears(net, min_elements=128 * 64 + 1) == 0  # both are too small
+        assert cpu_pack.pack_linears(net, min_elements=0) == 2
         got = net(x)
     assert not any(type(m) is nn.Linear for m in net.modules())
     assert net[0].stored_bytes == (128 * 64 + 128) * 4
@@ -42,14 +43,14 @@ def test_pack_refuses_what_it_cannot_pack():
         cpu_pack.pack(torch.zeros(2, 3, 4))
 
 
-def test_all_experts_with_a_packed_w13_matches_the_grouped_reference():
+def test_all_experts_with_packed_experts_matches_the_grouped_reference():
     g = torch.Generator().manual_seed(5)
     for T, E, K in ((1, 4, 4), (8, 16, 4), (64, 8, 2)):
         x = torch.randn(T, 96, generator=g)
         w13, w2 = torch.randn(E, 2 * 48, 96, generator=g) * 0.1, torch.randn(E, 96, 48, generator=g) * 0.1
         ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
         w = torch.rand(T, K, generator=g)
-        packed = cpu_pack.pack(w13.reshape(E * 96, 96))
+        packed = pack_experts(w13, w2)
         torch.testing.assert_close(moe_all_experts(x, ids, w, w13, w2, packed), moe_reference(x, ids, w, w13, w2),
                                    rtol=1e-5, atol=1e-5)
 
@@ -61,3 +62,18 @@ def test_bfloat16_packed_linear_is_close():
     got = cpu_pack.packed_linear(x, cpu_pack.pack(w)).float()
     want = x.float() @ w.float().T
     assert ((got - want).norm() / want.norm()).item() < 1e-2
+
+
+@pytest.mark.skipif(not cpu_pack.available(torch.bfloat16), reason="no native bfloat16 on this CPU")
+def test_bfloat16_packed_experts_are_close_to_float32():
+    g = torch.Generator().manual_seed(2)
+    T, E, K = 8, 16, 4
+    x = torch.randn(T, 96, generator=g)
+    w13, w2 = torch.randn(E, 96, 96, generator=g) * 0.1, torch.randn(E, 96, 48, generator=g) * 0.1
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
+    w = torch.rand(T, K, generator=g)
+    b13, b2 = w13.bfloat16(), w2.bfloat16()
+    got = moe_all_experts(x.bfloat16(), ids, w, b13, b2, pack_experts(b13, b2))
+    want = moe_reference(x, ids, w, w13, w2)
+    assert got.dtype == torch.bfloat16
+    assert ((got.float() - want).norm() / want.norm()).item() < 2e-2

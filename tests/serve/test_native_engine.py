@@ -118,15 +118,20 @@ def test_batched_equals_unbatched(engine):
 
 
 def test_cpu_packed_weights_give_the_same_tokens_and_logits(tiny_hermes, engine):
-    assert "linears packed for oneDNN" in engine.describe()  # the default on a CPU
+    assert "packed for oneDNN, + " in engine.describe()  # the default on a CPU
     plain = NativeEngine(str(tiny_hermes), EngineConfig(dtype="float32", kv_cache_tokens=8192, cpu_pack=False))
     assert "packed" not in plain.describe()
     assert plain.model.weight_bytes() == engine.model.weight_bytes()
+    every = NativeEngine(str(tiny_hermes), EngineConfig(dtype="float32", kv_cache_tokens=8192, cpu_pack=False))
+    assert every.model.pack_for_cpu(min_linear_elements=0).startswith("11 linear layers packed")  # 2 layers x 5, lm_head
     ps = prompts(8, seed=12)
-    assert generate_all(engine, ps, greedy()) == generate_all(plain, ps, greedy())
+    want = generate_all(plain, ps, greedy())
+    assert generate_all(engine, ps, greedy()) == want
+    assert generate_all(every, ps, greedy()) == want
     ids = prompts(1, seed=13, lo=70, hi=71)[0]
-    diff = engine_logits(engine, ids, split=50) - engine_logits(plain, ids, split=50)
-    assert diff.abs().max().item() <= 1e-4
+    ref = engine_logits(plain, ids, split=50)
+    for packed in (engine, every):
+        assert (engine_logits(packed, ids, split=50) - ref).abs().max().item() <= 1e-4
 
 
 def test_chunked_prefill_equals_one_shot(tiny_hermes, engine):
