@@ -160,6 +160,7 @@ def _load(name: str, device: str | None, dtype: str) -> Embedder:
     try:
         import torch
         from sentence_transformers import SentenceTransformer
+        from transformers.utils import logging as hf_logging
     except ImportError as e:
         raise EmbedderError(f"semantic search needs sentence-transformers ({e}); "
                             "install the `index` extra: pip install 'composer[index]'") from e
@@ -167,6 +168,7 @@ def _load(name: str, device: str | None, dtype: str) -> Embedder:
     if dtype == "auto":
         dtype = "bfloat16" if (device == "cpu" and _bf16_is_native()) or device == "cuda" else "float32"
     kwargs = {"torch_dtype": getattr(torch, dtype)} if dtype != "float32" else {}
+    hf_logging.disable_progress_bar()  # a "Loading weights" bar per search is noise; ours shows progress
     try:
         st = SentenceTransformer(source, device=device, model_kwargs=kwargs)
     except Exception as e:  # noqa: BLE001 - the library raises many types; all mean "cannot load"
