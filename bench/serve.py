@@ -1,10 +1,10 @@
 """Serving speed, measured over HTTP: native engine vs the transformers reference, side by side.
 
-    python bench/serve.py [--tokens 48] [--concurrency 1 8 32] [--model DIR]
+    python bench/serve.py [--tokens 48] [--concurrency 1 8 32] [--repeat 3] [--model DIR]
 
 Builds (once, cached under /tmp) a random Qwen3-MoE checkpoint large enough that matmuls dominate
-(~300 MB in fp32: hidden 768, 4 layers, 16 experts top-4), starts `composer-serve` on it with each
-engine in turn, and streams /v1/completions requests with random token-id prompts (`ignore_eos`, so
+(~300 MB in fp32: hidden 768, 4 layers, 16 experts top-4), starts `composer-serve` on it with both
+engines (they take turns, --repeat times, medians reported), and streams /v1/completions requests with random token-id prompts (`ignore_eos`, so
 every request generates exactly --tokens tokens):
   - decode throughput (generated tokens / wall time, all requests together) and mean time to first
     token at each concurrency;
@@ -21,6 +21,7 @@ import os
 import platform
 import random
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -112,6 +113,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=48, help="tokens generated per request")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--repeat", type=int, default=3, help="alternating runs per engine and concurrency")
     ap.add_argument("--skip-trace", action="store_true")
     args = ap.parse_args()
     import torch
@@ -121,21 +123,30 @@ def main() -> None:
     model = build_checkpoint(args.model)
     size = sum(p.stat().st_size for p in model.glob("*.safetensors")) / 2**20
     print(f"checkpoint: {model} ({size:.0f} MiB safetensors, fp32)\n")
-    rows: dict[str, dict[int, dict]] = {}
-    for engine in ("native", "hf"):
-        proc, base = start(model, "--engine", engine)
-        try:
-            rows[engine] = {c: asyncio.run(load(base, c, args.tokens, args.prompt_len, seed=c))
-                            for c in args.concurrency}
-        finally:
+    # Both servers stay up and take turns, --repeat times per concurrency, so that a shared machine's
+    # drifting speed hits both engines alike; the figures are medians.
+    servers = {engine: start(model, "--engine", engine) for engine in ("native", "hf")}
+    runs: dict[str, dict[int, list[dict]]] = {e: {c: [] for c in args.concurrency} for e in servers}
+    try:
+        for c in args.concurrency:
+            for _ in range(args.repeat):
+                for engine, (_, base) in servers.items():
+                    runs[engine][c].append(asyncio.run(load(base, c, args.tokens, args.prompt_len, seed=c)))
+    finally:
+        for proc, _ in servers.values():
             proc.terminate()
             proc.wait()
-    print(f"## decode throughput, {args.tokens} tokens per request, {args.prompt_len}-token prompts")
-    print(f"{'concurrency':>11} {'native tok/s':>13} {'hf tok/s':>9} {'ratio':>6} {'native TTFT':>12} {'hf TTFT':>8}")
+    rows = {e: {c: {k: statistics.median(r[k] for r in rs) for k in ("tok_s", "ttft")} for c, rs in by_c.items()}
+            for e, by_c in runs.items()}
+    print(f"## decode throughput, {args.tokens} tokens per request, {args.prompt_len}-token prompts "
+          f"(median of {args.repeat} alternating runs)")
+    print(f"{'concurrency':>11} {'native tok/s':>13} {'hf tok/s':>9} {'ratio':>6} {'native TTFT':>12} {'hf TTFT':>8}"
+          f"  {'ratio per run':>14}")
     for c in args.concurrency:
         n, h = rows["native"][c], rows["hf"][c]
+        each = " ".join(f"{a['tok_s'] / b['tok_s']:.2f}" for a, b in zip(runs["native"][c], runs["hf"][c], strict=True))
         print(f"{c:>11} {n['tok_s']:>13.1f} {h['tok_s']:>9.1f} {n['tok_s'] / h['tok_s']:>5.2f}x "
-              f"{n['ttft'] * 1e3:>10.0f}ms {h['ttft'] * 1e3:>6.0f}ms")
+              f"{n['ttft'] * 1e3:>10.0f}ms {h['ttft'] * 1e3:>6.0f}ms  {each}")
     if args.skip_trace:
         return
     trace = {}
