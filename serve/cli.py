@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--max-batched-tokens", type=int, default=2048, help="tokens per step; long prompts are "
                    "prefilled in chunks of this size (default 2048)")
     n.add_argument("--kv-cache-tokens", type=int, help="KV-cache capacity (default: 90%% of free GPU memory, "
-                   "or 8 x max-model-len on CPU)")
+                   "or on CPU 8 x max-model-len within a quarter of available memory)")
     n.add_argument("--no-prefix-caching", action="store_true", help="do not reuse cached prompt prefixes")
     return p
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import queue
 import threading
 from dataclasses import dataclass
@@ -45,7 +46,8 @@ class EngineConfig:
     max_batched_tokens: int = 2048
     """Tokens per step: the chunk size of long prefills."""
     kv_cache_tokens: int | None = None
-    """KV-cache capacity in tokens; default: 90% of free GPU memory, or 8 x max_model_len on CPU."""
+    """KV-cache capacity in tokens; default: 90% of free GPU memory; on a CPU 8 x max_model_len, at most
+    a quarter of the memory available. Never less than one full context."""
     prefix_caching: bool = True
     cpu_pack: bool = True
     """On a CPU, reorder linear weights for oneDNN at load (kernels/cpu_pack.py): faster small batches."""
@@ -73,6 +75,11 @@ class NativeEngine(Engine):
         self.max_model_len = c.max_model_len or self.model.cfg.max_position_embeddings
         per_token = ModelRunner.kv_bytes_per_token(self.model, self.dtype)
         tokens = c.kv_cache_tokens or self._default_kv_tokens(per_token)
+        if tokens < self.max_model_len and not c.kv_cache_tokens:
+            raise ValueError(
+                f"one {self.max_model_len}-token context needs {self.max_model_len * per_token / 2**30:.1f} GiB "
+                f"of KV cache, more than this machine can spare ({tokens * per_token / 2**30:.1f} GiB); "
+                "pass a smaller --max-model-len (e.g. 32768) or --kv-cache-tokens")
         num_blocks = max(tokens // c.block_size, -(-self.max_model_len // c.block_size) + 1)
         self.blocks = BlockManager(num_blocks, c.block_size, c.prefix_caching)
         self.scheduler = Scheduler(self.blocks, c.max_num_seqs, c.max_batched_tokens)
@@ -87,7 +94,7 @@ class NativeEngine(Engine):
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             return int(free * 0.9) // per_token
-        return 8 * (self.config.max_model_len or self.model.cfg.max_position_embeddings)
+        return min(8 * self.max_model_len, _available_memory() // 4 // per_token)
 
     def weight_bytes(self) -> int:
         dense, experts = self.model.weight_bytes()
@@ -196,6 +203,18 @@ class NativeEngine(Engine):
                 by_loop.setdefault(seq.loop, []).append((seq.out, item))
         for loop, puts in by_loop.items():
             loop.call_soon_threadsafe(_put_all, puts)
+
+
+def _available_memory() -> int:
+    """Bytes of memory a new allocation can take (Linux: MemAvailable, which counts reclaimable cache)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def _put_all(puts: list[tuple[asyncio.Queue, object]]) -> None:

@@ -23,6 +23,7 @@ class Scheduler:
         self.max_batched_tokens = max_batched_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.preemptions = 0
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -77,6 +78,7 @@ class Scheduler:
         return batch
 
     def _preempt(self, seq: Sequence) -> None:
+        self.preemptions += 1
         self.running.remove(seq)
         self.blocks.free(seq)
         seq.num_computed = seq.num_cached = 0

@@ -157,11 +157,18 @@ def test_prefix_cache_hits_give_the_same_tokens(tiny_hermes):
 
 def test_preemption_under_kv_pressure_keeps_outputs(tiny_hermes, engine):
     tight = NativeEngine(str(tiny_hermes), EngineConfig(dtype="float32", kv_cache_tokens=256, block_size=8,
-                                                        prefix_caching=False))
+                                                        max_model_len=128, prefix_caching=False))
+    assert len(tight.blocks.blocks) == 32  # room for about three of the six sequences at a time
     ps = prompts(6, seed=7, lo=40, hi=60)
     params = greedy(30)
     assert generate_all(tight, ps, params) == generate_all(engine, ps, params)
+    assert tight.scheduler.preemptions > 0
     assert tight.blocks.num_free == len(tight.blocks.blocks)
+
+
+def test_a_context_the_memory_cannot_hold_is_a_clear_error(tiny_hermes):
+    with pytest.raises(ValueError, match="KV cache, more than this machine can spare.*--max-model-len"):
+        NativeEngine(str(tiny_hermes), EngineConfig(dtype="float32", max_model_len=1 << 40))
 
 
 def test_sampling_is_seeded_and_stops_on_stop_tokens(engine):
