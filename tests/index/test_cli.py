@@ -91,3 +91,19 @@ def test_search_json_in_a_fresh_process(indexed_repo: Path):
     assert proc.returncode == 0, proc.stderr
     hits = json.loads(proc.stdout)
     assert [h["path"] for h in hits][0] == "heapq.py"
+
+
+def test_the_interactive_index_command_refreshes_the_index(indexed_repo: Path, embedder):
+    from agent.config import Config
+    from agent.interactive import Interactive
+    from agent.scripted import DeterministicModel
+
+    shutil.copy2(STDLIB / "getopt.py", indexed_repo / "getopt.py")
+    ui = Interactive(Config(), indexed_repo, emit=lambda e: None, model=DeterministicModel([]))
+    try:
+        out = ui.command("/index")
+        assert not out.error and "indexed 1 changed file (1 added)" in out.text
+        again = ui.command("/index")
+        assert not again.error and again.text.startswith("index up to date:")
+    finally:
+        ui.close()
