@@ -190,6 +190,10 @@ class OpenAIClient:
                 httpx.ReadTimeout, httpx.WriteError, httpx.PoolTimeout) as e:
             if cancel.is_set():
                 raise ModelError("interrupted", "interrupted", partial=acc.finish(body)) from None
+            if acc.started_calls():
+                # Tools the answer already called are running: asking again would run them twice.
+                # Keep the answer as far as it came; the loop goes on with those calls' results.
+                return acc.cut_short(body)
             raise _Transient(f"{type(e).__name__} talking to {url}: {_reason(e)}") from None
         finally:
             self._response = None
@@ -298,12 +302,23 @@ class _Accumulator:
                 self.text_calls.append(call)
                 self.cb.on_tool_call(call)
 
+    def started_calls(self) -> bool:
+        return bool(self.emitted or self.text_calls)
+
     def finish(self, body: dict[str, Any]) -> ModelTurn:
         self._parse(self.parser.close())
         for idx in sorted(self.calls):
             if idx not in self.emitted:
                 self._emit_structured(idx)
-        calls = [ToolCall(s["id"], s["name"], s["arguments"]) for _, s in sorted(self.calls.items())]
+        return self._turn(body, sorted(self.calls))
+
+    def cut_short(self, body: dict[str, Any]) -> ModelTurn:
+        """The turn as far as a broken stream brought it: only the calls already handed out."""
+        self.finish_reason = "connection_lost"
+        return self._turn(body, sorted(self.emitted))
+
+    def _turn(self, body: dict[str, Any], structured: list[int]) -> ModelTurn:
+        calls = [ToolCall(self.calls[i]["id"], self.calls[i]["name"], self.calls[i]["arguments"]) for i in structured]
         calls += self.text_calls
         content = "".join(self.content)
         if self.text_calls:

@@ -7,7 +7,8 @@ A script is a list of turns, each a dict (JSON-friendly, so scripts can live in 
      "text_tool_calls": "hermes" | "qwen3_coder",   # write the calls into content instead
      "status": 500,                                  # answer this request with an HTTP error instead
      "delay_s": 0.01,                                # pause between streamed chunks
-     "no_stream": true}                              # answer with one JSON body, as if stream were ignored
+     "no_stream": true,                              # answer with one JSON body, as if stream were ignored
+     "drop": true}                                   # cut the connection after the calls, mid-stream
 
 `DeterministicModel` replays a script in-process through the loop's `Model` interface.
 `ScriptedServer` replays it over real HTTP on loopback as an OpenAI-compatible server (SSE streaming,
@@ -218,6 +219,8 @@ class ScriptedServer:
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Cache-Control", "no-cache")
                 self.send_header("Connection", "close")
+                if turn.get("drop"):  # promise more than is sent: the client sees a broken body
+                    self.send_header("Content-Length", str(1 << 30))
                 self.end_headers()
                 base = {"id": "chatcmpl-scripted", "object": "chat.completion.chunk", "created": int(time.time()),
                         "model": server.model}
@@ -248,6 +251,9 @@ class ScriptedServer:
                     for piece in _chunks(args, 16):
                         send([{"index": 0, "delta": {"tool_calls": [{"index": i, "function": {"arguments": piece}}]},
                                "finish_reason": None}])
+                if turn.get("drop"):
+                    self.close_connection = True
+                    return
                 send([{"index": 0, "delta": {}, "finish_reason": "tool_calls" if calls else "stop"}])
                 if (body.get("stream_options") or {}).get("include_usage"):
                     prompt = estimate_tokens(body.get("messages", [])) + estimate_tokens(body.get("tools") or [])

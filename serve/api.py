@@ -47,16 +47,17 @@ class ServerState:
     def sampling(self, req: ChatCompletionRequest | CompletionRequest, prompt_len: int,
                  max_tokens: int | None, logprobs: bool) -> SamplingParams:
         limit = self.max_model_len
+        field = "messages" if isinstance(req, ChatCompletionRequest) else "prompt"
         if prompt_len >= limit:
             raise APIError(400, f"This model's maximum context length is {limit} tokens. However, your prompt "
                                 f"has {prompt_len} tokens. Please reduce the length of the input.",
-                           param="messages", code="context_length_exceeded")
+                           param=field, code="context_length_exceeded")
         if max_tokens is None:
             max_tokens = limit - prompt_len
         elif prompt_len + max_tokens > limit:
             raise APIError(400, f"This model's maximum context length is {limit} tokens. However, you requested "
-                                f"{prompt_len + max_tokens} tokens ({prompt_len} in the messages, {max_tokens} in "
-                                "the completion). Please reduce the length of the messages or completion.",
+                                f"{prompt_len + max_tokens} tokens ({prompt_len} in the {field}, {max_tokens} in "
+                                f"the completion). Please reduce the length of the {field} or completion.",
                            param="max_tokens", code="context_length_exceeded")
         d = self.chat.generation_defaults
         return SamplingParams(

@@ -66,8 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ChatFormatError, OSError, ValueError) as e:
         print(f"composer-serve: error: {e}", file=sys.stderr)
         return 2
+    child = None  # the vLLM server we launched, stopped when we stop
     if args.engine == "vllm":
-        app, note = _vllm_app(args, chat, served)
+        app, note, child = _vllm_app(args, chat, served)
         if app is None:
             print(f"composer-serve: error: {note}", file=sys.stderr)
             return 2
@@ -83,7 +84,13 @@ def main(argv: list[str] | None = None) -> int:
         app = create_app(state)
     print(f"composer-serve: serving {served} at http://{args.host}:{port}/v1 ({note})", flush=True)
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2)
-    uvicorn.Server(config).run(sockets=[sock])
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        if child is not None:
+            from serve.engine.vllm import stop
+
+            stop(child)
     return 0
 
 
@@ -117,10 +124,10 @@ def _vllm_app(args, chat, served: str):
                            tool_format=chat.tool_format, reasoning=chat.reasoning, dtype=args.dtype,
                            quant=args.quant, max_model_len=args.max_model_len, capability=gpu_capability(),
                            executable=exe)
-        launch(cmd, f"http://127.0.0.1:{inner}")
+        proc = launch(cmd, f"http://127.0.0.1:{inner}")
     except VLLMUnavailable as e:
-        return None, str(e)
-    return create_proxy_app(f"http://127.0.0.1:{inner}", args.api_key), f"engine vllm on port {inner}"
+        return None, str(e), None
+    return create_proxy_app(f"http://127.0.0.1:{inner}", args.api_key), f"engine vllm on port {inner}", proc
 
 
 if __name__ == "__main__":

@@ -25,7 +25,9 @@ def create_proxy_app(upstream: str, api_key: str | None = None) -> FastAPI:
         if path.startswith("v1/") and api_key and request.headers.get("authorization") != f"Bearer {api_key}":
             err = APIError(401, "Incorrect or missing API key.", code="invalid_api_key")
             return JSONResponse(err.body(), status_code=401)
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS | {"host", "authorization"}}
+        headers = {k: v for k, v in request.headers.items()
+                   if k.lower() not in HOP_HEADERS | {"host", "authorization", "accept-encoding"}}
+        headers["accept-encoding"] = "identity"  # bodies are passed through as they come: never compressed
         req = client.build_request(request.method, "/" + path, params=request.query_params,
                                    content=await request.body(), headers=headers)
         try:

@@ -9,7 +9,9 @@ needs sm_100 (Blackwell), so on Hopper `--quant mxfp8` becomes vLLM's FP8 (`--qu
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -65,8 +67,9 @@ def gpu_capability() -> tuple[int, int] | None:
 
 
 def launch(cmd: list[str], base_url: str, timeout_s: float = 900.0) -> subprocess.Popen:
-    """Start vLLM and wait until its /health answers (model loading can take minutes)."""
-    proc = subprocess.Popen(cmd)
+    """Start vLLM and wait until its /health answers (model loading can take minutes). Its process
+    group is its own, so that `stop` takes its workers down with it."""
+    proc = subprocess.Popen(cmd, start_new_session=True)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -77,5 +80,19 @@ def launch(cmd: list[str], base_url: str, timeout_s: float = 900.0) -> subproces
         except httpx.HTTPError:
             pass
         time.sleep(1.0)
-    proc.terminate()
+    stop(proc)
     raise VLLMUnavailable(f"vllm did not become healthy within {timeout_s:.0f} s")
+
+
+def stop(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
+    """SIGTERM the server's process group, then SIGKILL what is left after `grace_s`."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass

@@ -119,12 +119,13 @@ def test_plain_output_prints_the_final_answer(buggy_repo):
 
 
 def test_retry_after_a_500(buggy_repo):
-    with ScriptedServer([{"status": 500}, {"status": 503}, {"content": "done"}]) as srv:
+    with ScriptedServer([{"status": 500}, {"status": 429}, {"content": "done"}]) as srv:
         p = run_agent(buggy_repo, "--task", "x", "--json", "--base-url", srv.base_url)
         n = len(srv.chat_requests())
     assert p.returncode == 0, p.stderr
     retries = [e for e in events(p.stdout) if e["type"] == "retrying"]
     assert [r["attempt"] for r in retries] == [1, 2] and "HTTP 500" in retries[0]["reason"]
+    assert "HTTP 429" in retries[1]["reason"]  # rate limited: retried too
     assert n == 3 and events(p.stdout)[-1]["final_text"] == "done"
 
 

@@ -152,3 +152,36 @@ def test_client_gives_up_after_max_retries(tmp_path):
             client.complete([{"role": "user", "content": "x"}], [{"type": "function", "function": {
                 "name": "f", "parameters": {"type": "object", "properties": {}}}}], cb, client_sleep)
     assert e.value.kind == "server" and "gave up after 2 retries" in str(e.value) and retries == [1, 2]
+
+
+def checked_client(srv: ScriptedServer) -> OpenAIClient:
+    client = OpenAIClient(Config(base_url=srv.base_url))
+    client.check()
+    return client
+
+
+def test_a_stream_broken_after_a_tool_call_started_is_not_retried(tmp_path):
+    """The first call was already handed to the executor when the connection broke: asking again would
+    run it twice. The loop keeps the answer as far as it came (the unfinished second call is dropped)."""
+    turns = [{"content": "Two steps.", "drop": True, "tool_calls": [
+                 {"name": "shell", "arguments": {"command": "echo ran >> once.log"}},
+                 {"name": "shell", "arguments": {"command": "echo ran >> never.log"}}]},
+             {"content": "done"}]
+    with ScriptedServer(turns) as srv:
+        finished, events, _ = run_in_process(tmp_path, None, model=checked_client(srv))
+        requests = srv.chat_requests()
+    assert finished.status == "completed" and finished.final_text == "done"
+    assert (tmp_path / "once.log").read_text() == "ran\n" and not (tmp_path / "never.log").exists()
+    assert not [e for e in events if e.type == "retrying"]
+    assert len(requests) == 2
+    assistant = [m for m in requests[1]["messages"] if m["role"] == "assistant"]
+    assert len(assistant) == 1 and len(assistant[0]["tool_calls"]) == 1
+
+
+def test_a_stream_broken_before_any_call_is_retried(tmp_path):
+    turns = [{"content": "Let me", "drop": True}, {"content": "done"}]
+    with ScriptedServer(turns) as srv:
+        finished, events, _ = run_in_process(tmp_path, None, model=checked_client(srv))
+    assert finished.status == "completed" and finished.final_text == "done"
+    retries = [e for e in events if e.type == "retrying"]
+    assert len(retries) == 1 and "RemoteProtocolError" in retries[0].reason
