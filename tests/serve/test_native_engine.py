@@ -134,6 +134,35 @@ def test_cpu_packed_weights_give_the_same_tokens_and_logits(tiny_hermes, engine)
         assert (engine_logits(packed, ids, split=50) - ref).abs().max().item() <= 1e-4
 
 
+def test_a_request_joins_a_running_batch(engine):
+    long_p, late_p = prompts(2, seed=14)
+    alone = [generate_all(engine, [p], SamplingParams(max_tokens=n, temperature=0.0))[0]
+             for p, n in ((long_p, 60), (late_p, 10))]
+
+    async def main():
+        order: list[str] = []
+
+        async def run(name, p, n, start_after=None):
+            if start_after is not None:
+                await start_after.wait()
+            out = []
+            async for t in engine.generate(p, SamplingParams(max_tokens=n, temperature=0.0)):
+                out.append(t.id)
+                order.append(name)
+                if name == "long" and len(out) == 5:
+                    started.set()
+            return out
+
+        started = asyncio.Event()
+        outs = await asyncio.gather(run("long", long_p, 60), run("late", late_p, 10, started))
+        return outs, order
+
+    outs, order = asyncio.run(main())
+    assert outs == alone
+    # The late request finished while the long one was still decoding: it joined, it did not wait.
+    assert order.index("late") > order.index("long") and "long" in order[len(order) - order[::-1].index("late"):]
+
+
 def test_chunked_prefill_equals_one_shot(tiny_hermes, engine):
     chunked = NativeEngine(str(tiny_hermes), EngineConfig(dtype="float32", kv_cache_tokens=8192,
                                                           max_batched_tokens=32, prefix_caching=False))
@@ -206,6 +235,11 @@ def test_mxfp8_experts_stay_close_to_full_precision(tiny_hermes, tmp_path):
     assert 0 < rel < 0.05, rel  # stated tolerance: 5% relative L2 on the logits
     dense, experts = mx.model.weight_bytes()
     assert experts * 3.5 < full.model.weight_bytes()[1]  # fp8 + E8M0 scales vs fp32
+    # In bfloat16, the served precision on a GPU: MXFP8 experts against bf16 experts, same tolerance.
+    bf = NativeEngine(str(tiny_hermes), EngineConfig(dtype="bfloat16", kv_cache_tokens=1024))
+    mx_bf = NativeEngine(str(tiny_hermes), EngineConfig(dtype="bfloat16", quant="mxfp8", kv_cache_tokens=1024))
+    ref, got = engine_logits(bf, ids, 48), engine_logits(mx_bf, ids, 48)
+    assert 0 < ((got - ref).norm() / ref.norm()).item() < 0.05
 
     # A checkpoint that stores MXFP8 experts (as train/ saves them) loads as is: same logits.
     import shutil

@@ -48,6 +48,24 @@ def test_chat_usage_counts_match_apply_chat_template(client, tiny_hermes):
     assert r.usage.completion_tokens == 5 and r.choices[0].finish_reason in ("length", "stop", "tool_calls")
 
 
+@pytest.mark.parametrize("choice,opening", [
+    ("required", '<tool_call>\n{"name": "'),
+    ({"type": "function", "function": {"name": "read_file"}}, '<tool_call>\n{"name": "read_file", "arguments": '),
+])
+def test_forced_tool_choice_continues_from_an_opened_call(hermes_server, tiny_hermes, choice, opening):
+    """The model's answer is generated after the opening of a call: the prompt is the template's plus it."""
+    msgs = [{"role": "user", "content": "Read the README please."}]
+    r = post(hermes_server, "/chat/completions", {"model": "tiny", "messages": msgs, "tools": TOOLS,
+                                                   "tool_choice": choice, "max_completion_tokens": 4,
+                                                   "temperature": 0, "top_p": 0.5, "return_token_ids": True})
+    assert r.status_code == 200, r.text
+    hf = AutoTokenizer.from_pretrained(tiny_hermes)
+    text = hf.apply_chat_template(msgs, tools=TOOLS, add_generation_prompt=True, tokenize=False)
+    body = r.json()
+    assert body["prompt_token_ids"] == hf(text + opening, add_special_tokens=False)["input_ids"]
+    assert body["usage"]["completion_tokens"] == 4  # max_completion_tokens is honoured
+
+
 def test_greedy_output_equals_transformers_generate(hermes_server, tiny_hermes):
     msgs = [{"role": "user", "content": "def fibonacci(n):"}]
     r = post(hermes_server, "/chat/completions", {"model": "tiny", "messages": msgs, "max_tokens": 24,
@@ -120,6 +138,14 @@ def test_bad_requests_are_openai_400s(hermes_server, body, param, needle):
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"} and err["type"] == "invalid_request_error"
     assert err["param"] == param and needle in err["message"]
+
+
+def test_a_too_long_completions_prompt_is_a_400_on_prompt(hermes_server):
+    r = post(hermes_server, "/completions", {"model": "tiny", "prompt": "x " * 20000, "max_tokens": 2})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["param"] == "prompt" and err["code"] == "context_length_exceeded"
+    assert "maximum context length" in err["message"]
 
 
 def test_malformed_json_unknown_model_and_auth(hermes_server):
