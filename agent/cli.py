@@ -37,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="line-by-line interface instead of the full-screen one (automatic when stdout is "
                         "not a terminal or TERM=dumb)")
     p.add_argument("--resume", metavar="ID|last", help="continue a saved session")
+    p.add_argument("--add-dir", metavar="DIR", action="append",
+                   help="let the tools also read and write this folder outside the workspace (repeatable)")
     p.add_argument("--approval", choices=["auto", "ask", "read-only"],
                    help="which tool calls need a yes: shell and writes (interactive default ask; "
                         "headless: auto or read-only, default auto)")
@@ -69,11 +71,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--cwd {args.cwd} is not a directory")
     flags = {"base_url": args.base_url, "model": args.model, "api_key": args.api_key,
              "context_window": args.context_window, "max_turns": args.max_turns, "max_time_s": args.max_time,
-             "token_budget": args.token_budget, "approval": args.approval, "sandbox": args.sandbox}
+             "token_budget": args.token_budget, "approval": args.approval, "sandbox": args.sandbox,
+             "add_dirs": args.add_dir}
     headless = args.task is not None or args.json
+    if args.json and args.task is None and not args.resume:
+        parser.error("--json needs --task (or --resume to continue a saved session)")
     try:
         # Interactively a person is there to answer, so shell and writes ask unless configured otherwise.
         config = load_config(root, flags, defaults=None if headless else {"approval": "ask"})
+        config.extra_roots(root)  # a missing added folder is a usage error now, not mid-run
     except ConfigError as e:
         print(f"composer-agent: error: {e}", file=sys.stderr)
         return 2

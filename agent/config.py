@@ -56,6 +56,8 @@ class Config:
     """Retries on connection errors, 429 and 5xx, with exponential backoff."""
     linters: dict[str, str] = field(default_factory=dict)
     """Extra linters for the lint tool: glob -> command (`{paths}` is replaced by the files)."""
+    add_dirs: list[str] = field(default_factory=list)
+    """Folders outside the workspace that tools may also read and write (relative to the workspace)."""
 
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
@@ -69,6 +71,18 @@ class Config:
             raise ConfigError(f"summarize_at must be between 0.1 and 0.95, got {self.summarize_at}")
         if self.max_turns < 1:
             raise ConfigError(f"max_turns must be at least 1, got {self.max_turns}")
+        if not isinstance(self.add_dirs, list) or not all(isinstance(d, str) for d in self.add_dirs):
+            raise ConfigError(f"add_dirs must be a list of folder paths, got {self.add_dirs!r}")
+
+    def extra_roots(self, root: Path) -> tuple[Path, ...]:
+        """`add_dirs` resolved against the workspace root; each must be an existing folder."""
+        out = []
+        for d in self.add_dirs:
+            path = (root / os.path.expanduser(d)).resolve()
+            if not path.is_dir():
+                raise ConfigError(f"added folder {d} is not a directory")
+            out.append(path)
+        return tuple(out)
 
 
 def user_config_dir() -> Path:
@@ -89,7 +103,10 @@ def load_config(cwd: Path, flags: dict[str, Any] | None = None, env: dict[str, s
     for key, var in ENV.items():
         if env.get(var):
             merged[key] = env[var]
-    merged.update({k: v for k, v in (flags or {}).items() if v is not None})
+    flags = {k: v for k, v in (flags or {}).items() if v is not None}
+    if "add_dirs" in flags:  # --add-dir adds to the configured folders
+        flags["add_dirs"] = [*merged.get("add_dirs", []), *flags["add_dirs"]]
+    merged.update(flags)
     known = {f.name for f in fields(Config)}
     unknown = set(merged) - known
     if unknown:

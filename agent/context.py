@@ -28,10 +28,13 @@ def prompt_text(name: str) -> str:
     return resources.files("agent").joinpath("prompts", name).read_text(encoding="utf-8")
 
 
-def system_prompt(root: Path) -> str:
+def system_prompt(root: Path, extra_roots: tuple[Path, ...] = ()) -> str:
     text = prompt_text("system.md").format(
         cwd=root, platform=f"{platform.system()} {platform.machine()}", date=time.strftime("%Y-%m-%d"),
         git=_git_line(root))
+    if extra_roots:
+        text += "\n\nThe user also gave you these folders (use absolute paths for them):\n" + "\n".join(
+            f"- {r}" for r in extra_roots)
     for label, path in (("Project instructions (AGENTS.md)", root / "AGENTS.md"),
                         ("User instructions", user_config_dir() / "AGENTS.md")):
         try:

@@ -40,7 +40,7 @@ def build(config: Config, root: Path, *, emit: Callable[[Event], None], approve:
         _, server_window = client.check()
         model = client
     window = config.context_window or server_window or DEFAULT_CONTEXT_WINDOW
-    workspace = Workspace(root)
+    workspace = Workspace(root, extra_roots=config.extra_roots(root))
     workspace.state_dir()  # creates .composer/ with its .gitignore
     ctx = ToolContext(workspace=workspace, sandbox=config.sandbox, linters=dict(config.linters))
     registry = default_registry()
@@ -55,7 +55,7 @@ def build(config: Config, root: Path, *, emit: Callable[[Event], None], approve:
                                  spec_hash=registry.spec_hash(), tools=registry.specs(), context_window=window)
     agent = Agent(model, registry, ctx, config, session, context_window=window, emit=emit, approve=approve,
                   messages=messages)
-    system = messages[0]["content"] if messages else system_prompt(root)
+    system = messages[0]["content"] if messages else system_prompt(root, workspace.extra_roots)
     emit(SessionStarted(session.id, str(root), model.name, config.base_url, registry.spec_hash(), window,
                         resumed=bool(resume)))
     return Runtime(agent, session, model, system, bool(resume))

@@ -167,6 +167,31 @@ def test_usage_errors_exit_2(buggy_repo):
     assert p.returncode == 2 and "base_url" in p.stderr
     p = run_agent(buggy_repo, "--task", "x", "--resume", "nope", "--base-url", "http://127.0.0.1:9/v1")
     assert p.returncode == 2
+    p = run_agent(buggy_repo, "--json", "--base-url", "http://127.0.0.1:9/v1")
+    assert p.returncode == 2 and "--json needs --task" in p.stderr
+    p = run_agent(buggy_repo, "--task", "x", "--add-dir", "../no-such-folder", "--base-url", "http://127.0.0.1:9/v1")
+    assert p.returncode == 2 and "no-such-folder is not a directory" in p.stderr
+
+
+def test_added_folders_are_usable_and_others_are_not(buggy_repo, tmp_path):
+    lib = tmp_path / "sibling-lib"
+    lib.mkdir()
+    (lib / "util.py").write_text("VALUE = 1\n")
+    outside = tmp_path / "private.txt"
+    outside.write_text("secret\n")
+    turns = [{"tool_calls": [{"name": "edit_file", "arguments": {"path": str(lib / "util.py"),
+                                                                 "old_string": "1", "new_string": "2"}},
+                             {"name": "read_file", "arguments": {"path": str(outside)}}]},
+             {"content": "done"}]
+    with ScriptedServer(turns) as srv:
+        p = run_agent(buggy_repo, "--task", "x", "--json", "--base-url", srv.base_url, "--add-dir", str(lib))
+        system = srv.chat_requests()[0]["messages"][0]["content"]
+    assert p.returncode == 0, p.stderr
+    assert (lib / "util.py").read_text() == "VALUE = 2\n"
+    results = {e["name"]: e for e in events(p.stdout) if e["type"] == "tool_call_finished"}
+    assert results["edit_file"]["ok"] and not results["read_file"]["ok"]
+    assert "outside the workspace" in results["read_file"]["content"]
+    assert str(lib) in system
 
 
 def test_repo_config_file_is_used_and_flags_win(buggy_repo):
