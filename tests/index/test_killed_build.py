@@ -18,6 +18,31 @@ from .conftest import copy_modules
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def start_build(repo: Path, setup: str = "", stderr=subprocess.PIPE) -> subprocess.Popen:
+    """`composer-agent index` on `repo` in a real subprocess; `setup` runs first (a setting to change)."""
+    code = (f"import sys; from pathlib import Path; {setup}"
+            "from index.cli import main_index; sys.exit(main_index([], Path(sys.argv[1])))")
+    return subprocess.Popen([sys.executable, "-c", code, str(repo)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.DEVNULL, stderr=stderr, text=True)
+
+
+def kill_when(proc: subprocess.Popen, ready) -> None:
+    """SIGKILL the build once `ready()` says so (polled); fails if it ended first."""
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None and not ready():
+            time.sleep(0.05)
+        assert proc.poll() is None, "the build finished before it could be killed"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if proc.stderr:
+            proc.stderr.close()
+    assert proc.returncode == -signal.SIGKILL
+
+
 @pytest.mark.slow
 def test_sigkill_during_a_build_keeps_the_previous_index(indexed_repo: Path, embedder):
     before = CodeIndex(indexed_repo, embedder=embedder)
@@ -25,29 +50,19 @@ def test_sigkill_during_a_build_keeps_the_previous_index(indexed_repo: Path, emb
     n_before = before._current().vectors.ntotal
     # Enough new code (~150 chunks) that embedding takes seconds, so the kill lands in the middle.
     copy_modules(indexed_repo, ["argparse.py", "getopt.py"])
-    code = ("import sys; from pathlib import Path; from index.cli import main_index; "
-            "sys.exit(main_index([], Path(sys.argv[1])))")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", code, str(indexed_repo)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 120
-        line = ""
-        while time.monotonic() < deadline:
+    proc = start_build(indexed_repo)
+    started: list[float] = []
+
+    def embedding_for_a_second() -> bool:  # the build announces embedding; let it run into it
+        if not started:
             line = proc.stderr.readline()
-            if line.startswith("embedding ") or not line and proc.poll() is not None:
-                break
-        assert line.startswith("embedding "), f"the build never started embedding: {line!r}"
-        time.sleep(1.0)
-        assert proc.poll() is None, "the build finished before it could be killed"
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.stdout.close()
-        proc.stderr.close()
-    assert proc.returncode == -signal.SIGKILL
+            if line.startswith("embedding "):
+                started.append(time.monotonic())
+            return False
+        return time.monotonic() - started[0] >= 1.0
+
+    kill_when(proc, embedding_for_a_second)
+    assert started, "the build never started embedding"
 
     after = CodeIndex(indexed_repo, embedder=embedder)
     assert after.info()["gen"] == gen
@@ -68,23 +83,8 @@ def test_sigkill_after_some_batches_keeps_them_and_the_next_sync_finishes(indexe
     copy_modules(indexed_repo, ["argparse.py", "calendar.py", "difflib.py", "getopt.py", "pprint.py"])
     # Small batches, so that several commits happen within the build (the setting, not the code path,
     # is what the test changes).
-    code = ("import sys; from pathlib import Path; import index.sync; index.sync.BATCH_CHUNKS = 20; "
-            "from index.cli import main_index; sys.exit(main_index([], Path(sys.argv[1])))")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", code, str(indexed_repo)], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            if int(before.info().get("gen", gen)) >= gen + 2:  # two batches committed
-                break
-            time.sleep(0.05)
-        assert proc.poll() is None, "the build finished before it could be killed"
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    proc = start_build(indexed_repo, "import index.sync; index.sync.BATCH_CHUNKS = 20; ", stderr=subprocess.DEVNULL)
+    kill_when(proc, lambda: int(before.info().get("gen", gen)) >= gen + 2)  # two batches committed
 
     after = CodeIndex(indexed_repo, embedder=embedder)
     done = {r[0] for r in after._con.execute("SELECT path FROM files")}

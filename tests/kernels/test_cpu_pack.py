@@ -8,6 +8,7 @@ from torch import nn
 
 from kernels import cpu_pack
 from kernels.moe_reference import moe_all_experts, moe_reference, pack_experts
+from tests.kernels.moe_data import make_layer
 
 pytestmark = pytest.mark.skipif(not cpu_pack.available(torch.float32), reason="torch built without oneDNN")
 
@@ -44,15 +45,10 @@ def test_pack_refuses_what_it_cannot_pack():
 
 
 def test_all_experts_with_packed_experts_matches_the_grouped_reference():
-    g = torch.Generator().manual_seed(5)
     for T, E, K in ((1, 4, 4), (8, 16, 4), (64, 8, 2)):
-        x = torch.randn(T, 96, generator=g)
-        w13, w2 = torch.randn(E, 2 * 48, 96, generator=g) * 0.1, torch.randn(E, 96, 48, generator=g) * 0.1
-        ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
-        w = torch.rand(T, K, generator=g)
-        packed = pack_experts(w13, w2)
-        torch.testing.assert_close(moe_all_experts(x, ids, w, w13, w2, packed), moe_reference(x, ids, w, w13, w2),
-                                   rtol=1e-5, atol=1e-5)
+        x, ids, w, w13, w2 = make_layer(T, E, K, 96, 48, seed=T)
+        torch.testing.assert_close(moe_all_experts(x, ids, w, w13, w2, pack_experts(w13, w2)),
+                                   moe_reference(x, ids, w, w13, w2), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.skipif(not cpu_pack.available(torch.bfloat16), reason="no native bfloat16 on this CPU")
@@ -66,12 +62,7 @@ def test_bfloat16_packed_linear_is_close():
 
 @pytest.mark.skipif(not cpu_pack.available(torch.bfloat16), reason="no native bfloat16 on this CPU")
 def test_bfloat16_packed_experts_are_close_to_float32():
-    g = torch.Generator().manual_seed(2)
-    T, E, K = 8, 16, 4
-    x = torch.randn(T, 96, generator=g)
-    w13, w2 = torch.randn(E, 96, 96, generator=g) * 0.1, torch.randn(E, 96, 48, generator=g) * 0.1
-    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
-    w = torch.rand(T, K, generator=g)
+    x, ids, w, w13, w2 = make_layer(8, 16, 4, 96, 48, seed=2)
     b13, b2 = w13.bfloat16(), w2.bfloat16()
     got = moe_all_experts(x.bfloat16(), ids, w, b13, b2, pack_experts(b13, b2))
     want = moe_reference(x, ids, w, w13, w2)

@@ -132,13 +132,9 @@ def test_gpu_qwen3_shapes(T):
 def test_few_tokens_cpu_path_matches_the_grouped_reference():
     from kernels.moe_reference import moe_few_tokens
 
-    g = torch.Generator().manual_seed(4)
     for T, E, K in ((1, 16, 4), (3, 16, 2), (2, 8, 1)):  # T * K < E: the seam's choice for these
-        x = torch.randn(T, 96, generator=g)
-        w13, w2 = torch.randn(E, 2 * 48, 96, generator=g) * 0.1, torch.randn(E, 96, 48, generator=g) * 0.1
-        ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
+        x, ids, w, w13, w2 = make_layer(T, E, K, 96, 48, seed=T)
         ids[-1, 0] = ids[0, 0]  # an expert shared by two tokens
-        w = torch.rand(T, K, generator=g)
         want = moe_reference(x, ids, w, w13, w2)
         torch.testing.assert_close(moe_few_tokens(x, ids, w, w13, w2), want, rtol=1e-5, atol=1e-5)
         with torch.inference_mode():
@@ -146,16 +142,11 @@ def test_few_tokens_cpu_path_matches_the_grouped_reference():
 
 
 def test_all_experts_cpu_path_matches_the_grouped_reference():
-    from kernels.moe_reference import moe_all_experts, moe_reference
+    from kernels.moe_reference import moe_all_experts
 
-    g = torch.Generator().manual_seed(3)
     for T, E, K in ((4, 8, 2), (16, 16, 4), (64, 8, 1)):
-        x = torch.randn(T, 96, generator=g)
-        w13, w2 = torch.randn(E, 2 * 48, 96, generator=g) * 0.1, torch.randn(E, 96, 48, generator=g) * 0.1
-        ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)])
-        w = torch.rand(T, K, generator=g)
-        torch.testing.assert_close(moe_all_experts(x, ids, w, w13, w2), moe_reference(x, ids, w, w13, w2),
-                                   rtol=1e-5, atol=1e-5)
+        x, ids, w, w13, w2 = make_layer(T, E, K, 96, 48, seed=T)
+        want = moe_reference(x, ids, w, w13, w2)
+        torch.testing.assert_close(moe_all_experts(x, ids, w, w13, w2), want, rtol=1e-5, atol=1e-5)
         with torch.inference_mode():  # the seam picks it for small CPU batches that touch most experts
-            torch.testing.assert_close(moe_forward(x, ids, w, w13, w2), moe_reference(x, ids, w, w13, w2),
-                                       rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(moe_forward(x, ids, w, w13, w2), want, rtol=1e-5, atol=1e-5)
