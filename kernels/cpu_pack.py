@@ -21,11 +21,14 @@ from torch import nn
 
 
 def available(dtype: torch.dtype) -> bool:
-    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+    try:  # private ops (the ones torch.compile's CPU freezing uses): absent from some builds
+        if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
+            return False
+        if dtype == torch.float32:
+            return True
+        return dtype == torch.bfloat16 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
         return False
-    if dtype == torch.float32:
-        return True
-    return dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def pack(w_NK: torch.Tensor) -> torch.Tensor:

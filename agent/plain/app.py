@@ -66,7 +66,8 @@ class LineMode:
             print(f"composer-agent: error: {e}", file=sys.stderr)
             return 2
         c = self.controller
-        if not sys.stdin.isatty():
+        if not sys.stdin.isatty() or not (hasattr(self.out, "isatty") and self.out.isatty()):
+            # Piped input, or output going to a log: plain lines, no prompt redraws in the log.
             self.reader = LineReader(self.out)
             return self._session()
         with dumb_terminal_session() or nullcontext():

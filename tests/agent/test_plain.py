@@ -199,3 +199,26 @@ def test_piped_stdin_reads_one_message_per_line_and_answers_from_it(repo):
     assert proc.returncode == 0, proc.stderr
     assert "Run this command?" in proc.stdout and "Made it." in proc.stdout and "\x1b[" not in proc.stdout
     assert (repo / "piped.txt").read_text() == "hi\n"
+
+
+def test_output_to_a_log_with_a_terminal_for_input_writes_plain_lines(repo, tmp_path):
+    """stdin is a terminal, stdout a file: the log gets lines, not prompt-toolkit's redraws."""
+    log = tmp_path / "session.log"
+    with ScriptedServer([{"content": "The answer is 42."}]) as srv:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "TERM": "xterm-256color", "NO_COLOR": "1",
+               "XDG_CONFIG_HOME": str(repo.parent / "xdg")}
+        cmd = (f"{sys.executable} -m agent.cli --cwd {repo} --base-url {srv.base_url} --plain > {log}")
+        child = pexpect.spawn("bash", ["-c", cmd], env=env, encoding="utf-8", timeout=20)
+        deadline = time.monotonic() + 20
+        while "Ctrl-D quits" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        child.sendline("what is the answer?")
+        while "42" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        child.sendeof()
+        child.expect(pexpect.EOF)
+        child.close()
+    text = log.read_text()
+    assert "The answer is 42." in text
+    assert "\x1b" not in text  # no cursor moves or screen clears in the log
+    assert not [line for line in text.splitlines() if line.strip() == "" and len(line) > 20]  # no padded redraws
