@@ -111,3 +111,23 @@ def build_tiny_checkpoint(path: str | Path, *, template: str = "hermes", spec: T
     gen = {"eos_token_id": eos, "pad_token_id": eos[1], "temperature": 0.7, "top_p": 0.8, "top_k": 20}
     (path / "generation_config.json").write_text(json.dumps(gen, indent=2))
     return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m serve.tiny DIR`: a tiny random checkpoint to try composer-serve without downloading
+    anything (its answers are gibberish; the whole stack runs)."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m serve.tiny", description=main.__doc__)
+    p.add_argument("path", help="folder to write (created)")
+    p.add_argument("--tool-format", choices=["hermes", "qwen3_coder"], default="hermes",
+                   help="tool-call format of the chat template (default hermes)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    out = build_tiny_checkpoint(args.path, template=args.tool_format, seed=args.seed)
+    print(f"wrote a tiny random Qwen3-MoE checkpoint to {out}; serve it with: composer-serve --model {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -82,3 +82,12 @@ def test_a_template_error_is_a_clear_error(tmp_path, tiny_hermes):
     (broken / "chat_template.jinja").write_text("{{ raise_exception('only user turns, please') }}")
     with pytest.raises(ChatFormatError, match="only user turns"):
         ChatFormat(broken).render([{"role": "user", "content": "x"}])
+
+
+def test_the_tiny_checkpoint_command_writes_a_servable_checkpoint(tmp_path, capsys):
+    from serve.tiny import main
+
+    assert main([str(tmp_path / "tiny"), "--tool-format", "qwen3_coder", "--seed", "3"]) == 0
+    assert "composer-serve --model" in capsys.readouterr().out
+    chat = ChatFormat(tmp_path / "tiny")
+    assert chat.tool_format == "qwen3_coder" and (tmp_path / "tiny" / "model.safetensors").is_file()
