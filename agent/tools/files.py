@@ -132,12 +132,15 @@ def _walk_files(base: Path, glob: str | None, limit: int | None) -> list[str]:
 
 
 def _gitignore_spec(folder: Path, pathspec):
-    gi = folder / ".gitignore"
-    try:
-        lines = gi.read_text(errors="replace").splitlines()
-    except OSError:
-        return None
-    return pathspec.GitIgnoreSpec.from_lines(lines)
+    """The folder's .gitignore; at a repository's top also .git/info/exclude (which .gitignore
+    overrides, so it comes first: the last matching pattern wins)."""
+    lines: list[str] = []
+    for path in (folder / ".git" / "info" / "exclude", folder / ".gitignore"):
+        try:
+            lines += path.read_text(errors="replace").splitlines()
+        except OSError:
+            pass
+    return pathspec.GitIgnoreSpec.from_lines(lines) if lines else None
 
 
 def _ignored(active: list[tuple[str, object]], rel: str) -> bool:

@@ -63,6 +63,17 @@ def test_grep_files_with_matches_sorted_and_gitignore_aware(tools):
     ]
 
 
+def test_the_repository_exclude_file_is_respected_like_gitignore(tools, repo):
+    (repo / "scratch").mkdir()
+    (repo / "scratch" / "notes.md").write_text("TODO private\n")
+    (repo / "mine.txt").write_text("TODO mine\n")
+    (repo / ".git" / "info").mkdir(exist_ok=True)
+    (repo / ".git" / "info" / "exclude").write_text("scratch/\n*.txt\n")
+    out = tools.ok("grep", pattern="TODO").splitlines()
+    assert "scratch/notes.md" not in out and "mine.txt" not in out and "src/app.py" in out
+    assert "mine.txt" not in tools.ok("glob", pattern="*.txt")
+
+
 def test_grep_case_insensitive_and_glob_and_path(tools):
     out = tools.ok("grep", pattern="todo", case_insensitive=True, glob="*.py")
     assert out.splitlines()[1:] == ["src/app.py", "src/util.py"]
