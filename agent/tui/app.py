@@ -72,6 +72,8 @@ class ComposerApp(App[int]):
         self.controller: Interactive | None = None
         self.connect_error: str | None = None
         self.busy = False
+        self.turn_running = False
+        self.queued: list[str] = []  # messages sent while a turn ran: they go out when it ends
         self.pending: PendingApproval | None = None
         self._worker: threading.Thread | None = None
         self._waiting: str | None = None  # a task sent before the connection was up
@@ -163,6 +165,11 @@ class ComposerApp(App[int]):
 
     def on_prompt_area_submitted(self, message: PromptArea.Submitted) -> None:
         text = message.text
+        if self.turn_running and not text.strip().startswith("/"):
+            history.append(self.history_file or history.history_path(self.root), text)
+            self.queued.append(text)
+            self.transcript.notice("Queued: it goes out when this turn ends (Esc puts it back here).", "dim")
+            return
         if self.busy or self._waiting is not None:
             self.prompt.set_text(text)
             self.notify("A turn is running: press Esc to interrupt it first.", timeout=3)
@@ -188,17 +195,32 @@ class ComposerApp(App[int]):
         controller = self.controller
         assert controller is not None
         self._set_busy(True)
+        self.turn_running = True
         self.status.running_since = self.clock()
 
         def work() -> None:
+            status = "error"
             try:
-                controller.run_turn(text)
+                status = controller.run_turn(text).status
             except Exception as e:  # noqa: BLE001 - a bug must not leave the UI stuck busy
                 self._to_ui(self._notice, f"Internal error: {type(e).__name__}: {e}", "error")
             finally:
-                self._to_ui(self._set_busy, False)
+                self._to_ui(self._turn_ended, status)
 
         self._start("turn", work)
+
+    def _turn_ended(self, status: str) -> None:
+        self.turn_running = False
+        self._set_busy(False)
+        queued, self.queued = self.queued, []
+        if not queued:
+            return
+        text = "\n\n".join(queued)
+        if status == "interrupted":  # the user stopped the agent: let them decide what to send next
+            self.prompt.set_text(text)
+            return
+        self.transcript.add_user(text)
+        self._run_turn(text)
 
     def _command(self, line: str) -> None:
         name = line.split()[0]

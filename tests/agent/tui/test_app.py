@@ -288,3 +288,34 @@ def test_an_unreachable_server_is_reported_and_the_app_stays_usable(tmp_path):
             await until(pilot, lambda: app.return_code == 0, "exit")
 
     asyncio.run(body())
+
+
+def test_a_message_sent_during_a_turn_is_queued_then_sent(repo):
+    slow = " ".join(f"word{i}" for i in range(150))
+    script = [{"content": slow, "delay_s": 0.02}, {"content": "Got both."},
+              {"content": " ".join(f"more{i}" for i in range(300)), "delay_s": 0.02}, {"content": "unused"}]
+
+    async def body():
+        with ScriptedServer(script) as srv:
+            app = make_app(repo, srv.base_url)
+            async with app.run_test(size=SIZE) as pilot:
+                await connected(pilot)
+                await send(pilot, "first")
+                await until(pilot, lambda: "word5 " in screen_text(app), "the stream to start")
+                await send(pilot, "and also this")
+                await shows(pilot, "Queued")
+                assert len(srv.chat_requests()) == 1  # not sent yet: the turn is still running
+                await until(pilot, lambda: "Got both." in screen_text(app), "the queued message's answer", timeout=15)
+                assert srv.chat_requests()[1]["messages"][-1] == {"role": "user", "content": "and also this"}
+
+                # Esc ends the turn and puts what was queued back in the input box, unsent.
+                await send(pilot, "third")
+                await until(pilot, lambda: "more5 " in screen_text(app), "the third stream")
+                await send(pilot, "never sent")
+                await until(pilot, lambda: app.queued == ["never sent"], "the message to be queued")
+                await pilot.press("escape")
+                await until(pilot, lambda: not app.busy, "the interrupt")
+                assert app.prompt.text == "never sent"
+                assert len(srv.chat_requests()) == 3
+
+    asyncio.run(body())
