@@ -212,6 +212,48 @@ def test_vllm_command_construction():
         vllm_command("m", host="h", port=1, served_name="m", tool_format="hermes", reasoning=False, quant="mxfp8")
 
 
+FAKE_VLLM = """
+import http.server, subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])  # a worker, like vLLM's
+open(sys.argv[2], "w").write(str(child.pid))
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404); self.end_headers()
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_a_launched_vllm_is_waited_for_and_stopped_with_its_workers(tmp_path):
+    """A stand-in server process (it answers /health and has a worker child) goes through launch and stop."""
+    import socket
+
+    from serve.engine.vllm import launch, stop
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    script, pid_file = tmp_path / "fake_vllm.py", tmp_path / "worker.pid"
+    script.write_text(FAKE_VLLM)
+    proc = launch([sys.executable, str(script), str(port), str(pid_file)], f"http://127.0.0.1:{port}", timeout_s=30)
+    worker = int(pid_file.read_text())
+    assert proc.poll() is None and httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
+    stop(proc, grace_s=5)
+    assert proc.poll() is not None
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _alive(worker):
+        time.sleep(0.05)
+    assert not _alive(worker)  # the whole process group went, not just the server
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[1].split()[0] != "Z"  # a zombie waiting for init counts as gone
+    except OSError:
+        return False
+
+
 def test_engine_vllm_without_vllm_is_a_one_line_error(tiny_hermes):
     p = subprocess.run([sys.executable, "-m", "serve.cli", "--model", str(tiny_hermes), "--engine", "vllm", "--port",
                         "0"], capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
