@@ -158,7 +158,7 @@ def hit_lines(hits: list[dict[str, Any]], limit: int = MAX_HITS) -> list[str]:
             where += f":{h['line']}"
         elif h.get("start_line") is not None:
             where += f":{h['start_line']}" + (f"-{h['end_line']}" if h.get("end_line") else "")
-        text = (h.get("text") or "").strip()
+        text = (h.get("text") or "").strip() or (h.get("symbol") or "").strip()
         out.append(f"{where}: {one_line(text, 100)}" if text else where)
     if len(hits) > limit:
         out.append(f"… {len(hits) - limit} more")

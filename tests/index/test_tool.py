@@ -53,6 +53,14 @@ def test_the_tool_builds_syncs_and_searches(tmp_path: Path, embedder):
         assert all(x.ok for x in both)
         assert both[0].data["hits"][0]["path"] == "heapq.py"
         assert len(both[1].data["hits"]) == 12
+        # What a card shows: one line per hit, path:lines and the symbol.
+        from agent.render import hit_lines
+
+        hits = both[1].data["hits"]
+        for line, h in zip(hit_lines(hits, limit=len(hits)), hits, strict=True):
+            where = f"{h['path']}:{h['start_line']}-{h['end_line']}"
+            assert line == (f"{where}: {h['symbol']}" if h["symbol"] else where)
+        assert any(h["symbol"] for h in hits)
 
         # The index stays out of git: nothing under the state folder shows up as untracked.
         assert git(repo, "status", "--porcelain", "--untracked-files=all", "--", ".composer") == ""
