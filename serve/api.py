@@ -119,11 +119,18 @@ def create_app(state: ServerState) -> FastAPI:
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    def model_card() -> dict[str, Any]:
+        return {"id": state.served_name, "object": "model", "created": state.created, "owned_by": "composer",
+                "root": state.model_path, "max_model_len": state.max_model_len}
+
     @app.get("/v1/models", dependencies=[Depends(auth)])
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{
-            "id": state.served_name, "object": "model", "created": state.created, "owned_by": "composer",
-            "root": state.model_path, "max_model_len": state.max_model_len}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{name:path}", dependencies=[Depends(auth)])
+    async def model(name: str) -> dict[str, Any]:
+        state.check_model(name)
+        return model_card()
 
     @app.post("/v1/chat/completions", dependencies=[Depends(auth)])
     async def chat_completions(body: ChatCompletionRequest, request: Request):

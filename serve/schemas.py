@@ -133,5 +133,7 @@ def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
     if first.get("type") == "json_invalid":
         return f"the request body is not valid JSON: {first.get('ctx', {}).get('error', msg)}", None
     if first.get("type") == "missing":
-        return f"{where} is required", param
+        return (f"{where} is required", param) if where else ("the request has no JSON body", None)
+    if not where and first.get("type") in ("model_attributes_type", "dict_type"):
+        return "the request body must be a JSON object", None
     return (f"{where}: {msg}" if where else msg), param

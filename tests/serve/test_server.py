@@ -36,6 +36,9 @@ def post(server, path, body, key=KEY, **kw):
 
 def test_models_and_health(hermes_server, client):
     assert [m.id for m in client.models.list()] == ["tiny"]
+    assert client.models.retrieve("tiny").id == "tiny"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-9")
     assert httpx.get(hermes_server.base_url.removesuffix("/v1") + "/health").json() == {"status": "ok"}
 
 
@@ -152,6 +155,11 @@ def test_malformed_json_unknown_model_and_auth(hermes_server):
     r = httpx.post(hermes_server.base_url + "/chat/completions", content=b"{not json",
                    headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    headers = {"Authorization": f"Bearer {KEY}"}
+    r = httpx.post(hermes_server.base_url + "/chat/completions", headers=headers)
+    assert r.status_code == 400 and r.json()["error"]["message"] == "the request has no JSON body"
+    r = httpx.post(hermes_server.base_url + "/chat/completions", headers=headers, json=["a", "list"])
+    assert r.status_code == 400 and r.json()["error"]["message"] == "the request body must be a JSON object"
     r = post(hermes_server, "/chat/completions", {"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]})
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
     for key in (None, "wrong"):
