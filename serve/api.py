@@ -45,7 +45,7 @@ class ServerState:
             raise APIError(404, f"The model `{name}` does not exist.", param="model", code="model_not_found")
 
     def sampling(self, req: ChatCompletionRequest | CompletionRequest, prompt_len: int,
-                 max_tokens: int | None, logprobs: bool) -> SamplingParams:
+                 max_tokens: int | None, logprobs: bool, top_logprobs: int = 0) -> SamplingParams:
         limit = self.max_model_len
         field = "messages" if isinstance(req, ChatCompletionRequest) else "prompt"
         if prompt_len >= limit:
@@ -67,7 +67,7 @@ class ServerState:
             top_k=req.top_k if req.top_k is not None else d.get("top_k", -1),
             seed=req.seed, stop_token_ids=sorted(set([] if req.ignore_eos else self.chat.stop_token_ids)
                                                  | set(req.stop_token_ids or [])),
-            logprobs=logprobs,
+            logprobs=logprobs, top_logprobs=top_logprobs,
         )
 
 

@@ -49,6 +49,7 @@ class ChoiceOut:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float | None] = field(default_factory=list)
+    tops: list[list[tuple[int, float]] | None] = field(default_factory=list)
     finish_reason: str = "stop"
     completion_tokens: int = 0
 
@@ -74,7 +75,10 @@ def prepare(state: ServerState, req: ChatCompletionRequest) -> Prepared:
         raise APIError(400, str(e), param="messages") from None
     prefix = state.chat.forced_call_prefix(forced) if (forced or choice == "required") else ""
     prompt_ids = state.chat.encode(prompt_text + prefix)
-    params = state.sampling(req, len(prompt_ids), req.max_completion_tokens or req.max_tokens, req.logprobs)
+    if req.top_logprobs and not req.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    params = state.sampling(req, len(prompt_ids), req.max_completion_tokens or req.max_tokens, req.logprobs,
+                            req.top_logprobs or 0)
     return Prepared(prompt_text, prefix, prompt_ids, rendered_tools, params, req.stop_list(), req.parallel_tool_calls)
 
 
@@ -94,7 +98,8 @@ async def choice_events(state: ServerState, p: Prepared, params: SamplingParams,
                 break
             out.token_ids += piece.token_ids
             out.logprobs += piece.logprobs
-            yield "tokens", (piece.token_ids, piece.logprobs)
+            out.tops += piece.tops
+            yield "tokens", (piece.token_ids, piece.logprobs, piece.tops)
             for item in pending + (parser.feed(piece.text) if piece.text else []):
                 if stop_early:
                     break
@@ -153,7 +158,8 @@ async def chat_completion(state: ServerState, req: ChatCompletionRequest, reques
         if out.tool_calls:
             message["tool_calls"] = out.tool_calls
         choice: dict[str, Any] = {"index": i, "message": message, "finish_reason": out.finish_reason,
-                                  "logprobs": _logprobs(state, out) if req.logprobs else None}
+                                  "logprobs": _logprobs(state, out.token_ids, out.logprobs, out.tops)
+                                  if req.logprobs else None}
         if req.return_token_ids:
             choice["token_ids"] = out.token_ids
         choices.append(choice)
@@ -174,12 +180,15 @@ async def _collect(state: ServerState, p: Prepared, params: SamplingParams, requ
     return out
 
 
-def _logprobs(state: ServerState, out: ChoiceOut) -> dict[str, Any]:
-    content = []
-    for tid, lp in zip(out.token_ids, out.logprobs, strict=False):
+def _logprobs(state: ServerState, ids: list[int], logprobs: list[float | None],
+              tops: list[list[tuple[int, float]] | None]) -> dict[str, Any]:
+    """OpenAI's `logprobs` of a choice (or of a stream chunk): one entry per token."""
+    def entry(tid: int, lp: float | None) -> dict[str, Any]:
         text = state.chat.tokenizer.decode([tid], skip_special_tokens=False)
-        content.append({"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": []})
-    return {"content": content}
+        return {"token": text, "logprob": lp, "bytes": list(text.encode())}
+
+    return {"content": [entry(tid, lp) | {"top_logprobs": [entry(t, v) for t, v in (top or [])]}
+                        for tid, lp, top in zip(ids, logprobs, tops, strict=False)]}
 
 
 def _usage(prompt: int, completion: int) -> dict[str, int]:
@@ -197,14 +206,26 @@ async def _stream(state: ServerState, req: ChatCompletionRequest, p: Prepared, r
 
     async def produce(i: int) -> None:
         calls = 0
-        ids: list[int] = []
+        ids: list[int] = []  # tokens since the last chunk (return_token_ids)
+        pending: list[list] = [[], [], []]  # ids, logprobs, tops since the last chunk (logprobs)
+
+        def chunk_logprobs() -> dict[str, Any] | None:
+            if not req.logprobs or not pending[0]:
+                return None
+            lp = _logprobs(state, *pending)
+            pending[:] = [[], [], []]
+            return lp
+
         try:
             async for kind, value in choice_events(state, p, per_choice_params(p.params, i), request):
                 if kind == "tokens":
                     ids += value[0]
+                    for acc, new in zip(pending, value, strict=True):
+                        acc += new
                     continue
                 if kind == "finish":
-                    final = {"index": i, "delta": {}, "logprobs": None, "finish_reason": value.finish_reason}
+                    final = {"index": i, "delta": {}, "logprobs": chunk_logprobs(),
+                             "finish_reason": value.finish_reason}
                     if req.return_token_ids:
                         final["token_ids"] = ids
                     await queue.put(("done", final, value.completion_tokens))
@@ -218,7 +239,7 @@ async def _stream(state: ServerState, req: ChatCompletionRequest, p: Prepared, r
                     delta = {"content": value}
                 if kind != "tool_call" and not value:
                     continue
-                c = {"index": i, "delta": delta, "logprobs": None, "finish_reason": None}
+                c = {"index": i, "delta": delta, "logprobs": chunk_logprobs(), "finish_reason": None}
                 if req.return_token_ids:
                     c["token_ids"], ids = ids, []
                 await queue.put(("chunk", c, 0))

@@ -18,11 +18,12 @@ from serve.metrics import Metrics
 
 @dataclass
 class Piece:
-    """Newly certain text and the token ids (and raw logprobs) that produced it."""
+    """Newly certain text and the tokens that produced it: ids, raw logprobs, top alternatives."""
 
     text: str
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float | None] = field(default_factory=list)
+    tops: list[list[tuple[int, float]] | None] = field(default_factory=list)
 
 
 @dataclass
@@ -48,9 +49,9 @@ async def run_choice(engine: Engine, tokenizer, prompt_ids: list[int], params: S
                 first = time.monotonic()
             if tok.id in stop_ids:
                 reason = "stop"
-                yield Piece("", [tok.id], [tok.logprob])
+                yield Piece("", [tok.id], [tok.logprob], [tok.top])
                 break
-            yield Piece(detok.add(tok.id), [tok.id], [tok.logprob])
+            yield Piece(detok.add(tok.id), [tok.id], [tok.logprob], [tok.top])
             if detok.stopped:
                 reason = "stop"
                 break

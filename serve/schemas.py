@@ -103,6 +103,7 @@ class ChatCompletionRequest(_Sampling):
     parallel_tool_calls: bool = True
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
     chat_template_kwargs: dict[str, Any] | None = None
 
 

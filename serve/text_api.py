@@ -13,7 +13,7 @@ from fastapi.responses import StreamingResponse
 
 from serve.api import ServerState, request_id
 from serve.chat_api import per_choice_params
-from serve.generation import Finish, run_choice
+from serve.generation import Finish, Piece, run_choice
 from serve.schemas import APIError, CompletionRequest
 
 
@@ -28,7 +28,7 @@ async def text_completion(state: ServerState, req: CompletionRequest, request: R
             if any(not 0 <= t < vocab for t in prompt):
                 raise APIError(400, f"prompt token ids must be in [0, {vocab})", param="prompt")
             ids, text = list(prompt), state.chat.decode(list(prompt))
-        params = state.sampling(req, len(ids), req.max_tokens, req.logprobs is not None)
+        params = state.sampling(req, len(ids), req.max_tokens, req.logprobs is not None, req.logprobs or 0)
         for j in range(req.n):
             jobs.append((len(jobs), ids, text, per_choice_params(params, j)))
     rid, created = request_id("cmpl"), int(time.time())
@@ -49,17 +49,35 @@ async def text_completion(state: ServerState, req: CompletionRequest, request: R
     return body
 
 
+def _legacy_logprobs(state: ServerState, pieces: list[Piece], offset: int) -> dict[str, Any]:
+    """The completions API's logprobs: tokens, their logprobs, the top alternatives, text offsets."""
+    decode = state.chat.tokenizer.decode
+    out: dict[str, Any] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for piece in pieces:
+        for tid, lp, top in zip(piece.token_ids, piece.logprobs, piece.tops, strict=False):
+            token = decode([tid], skip_special_tokens=False)
+            out["tokens"].append(token)
+            out["token_logprobs"].append(lp)
+            out["top_logprobs"].append({decode([t], skip_special_tokens=False): v for t, v in top} if top else None)
+            out["text_offset"].append(offset)
+            offset += len(token)
+    return out
+
+
 async def _collect(state: ServerState, req: CompletionRequest, job) -> tuple[dict[str, Any], int]:
     index, ids, text, params = job
-    parts, token_ids, finish, n = [], [], "length", 0
+    pieces: list[Piece] = []
+    finish, n = "length", 0
     async for piece in run_choice(state.engine, state.chat.tokenizer, ids, params, req.stop_list(), state.metrics):
         if isinstance(piece, Finish):
             finish, n = piece.reason, piece.completion_tokens
         else:
-            parts.append(piece.text)
-            token_ids += piece.token_ids
-    choice: dict[str, Any] = {"index": index, "text": (text if req.echo else "") + "".join(parts),
-                              "finish_reason": finish, "logprobs": None}
+            pieces.append(piece)
+    token_ids = [t for p in pieces for t in p.token_ids]
+    prefix = text if req.echo else ""
+    choice: dict[str, Any] = {"index": index, "text": prefix + "".join(p.text for p in pieces),
+                              "finish_reason": finish,
+                              "logprobs": None if req.logprobs is None else _legacy_logprobs(state, pieces, len(prefix))}
     if req.return_token_ids:
         choice["token_ids"] = token_ids
     return choice, n
@@ -80,15 +98,21 @@ async def _stream(state: ServerState, req: CompletionRequest, jobs, base: dict[s
 
     async def _produce(job) -> None:
         index, ids, text, params = job
+        offset = 0
         if req.echo:
             await queue.put(({"index": index, "text": text, "finish_reason": None, "logprobs": None}, 0, False))
+            offset = len(text)
         async for piece in run_choice(state.engine, state.chat.tokenizer, ids, params, req.stop_list(),
                                       state.metrics):
             if isinstance(piece, Finish):
                 await queue.put(({"index": index, "text": "", "finish_reason": piece.reason, "logprobs": None},
                                  piece.completion_tokens, True))
-            elif piece.text or req.return_token_ids:
-                c = {"index": index, "text": piece.text, "finish_reason": None, "logprobs": None}
+            elif piece.text or req.return_token_ids or (req.logprobs is not None and piece.token_ids):
+                lp = None
+                if req.logprobs is not None:
+                    lp = _legacy_logprobs(state, [piece], offset)
+                    offset += sum(len(t) for t in lp["tokens"])
+                c = {"index": index, "text": piece.text, "finish_reason": None, "logprobs": lp}
                 if req.return_token_ids:
                     c["token_ids"] = piece.token_ids
                 await queue.put((c, 0, False))

@@ -23,6 +23,8 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: list[int] = field(default_factory=list)
     logprobs: bool = False
+    top_logprobs: int = 0
+    """With logprobs: also the N most likely tokens at each step, with their logprobs."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -37,6 +39,7 @@ class SamplingParams:
 class GenToken:
     id: int
     logprob: float | None = None
+    top: list[tuple[int, float]] | None = None  # (token id, logprob), most likely first
 
 
 @dataclass

@@ -112,8 +112,8 @@ class HFEngine(Engine):
                     return
                 out = self.model(input_ids=ids, past_key_values=cache, use_cache=True)
                 cache = out.past_key_values
-                token, logprob = sample(out.logits[0, -1], req.params, gen)
-                req.loop.call_soon_threadsafe(req.out.put_nowait, GenToken(token, logprob))
+                token, logprob, top = sample(out.logits[0, -1], req.params, gen)
+                req.loop.call_soon_threadsafe(req.out.put_nowait, GenToken(token, logprob, top))
                 length += 1
                 if token in stop:
                     return

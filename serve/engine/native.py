@@ -176,9 +176,9 @@ class NativeEngine(Engine):
             return
         picks = sample_batch(logits, [s.params for s in sampled], [s.generator for s in sampled])
         out: list[tuple[Sequence, object]] = []
-        for seq, (token, logprob) in zip(sampled, picks, strict=True):
+        for seq, (token, logprob, top) in zip(sampled, picks, strict=True):
             seq.token_ids.append(token)
-            out.append((seq, GenToken(token, logprob)))
+            out.append((seq, GenToken(token, logprob, top)))
             if (token in seq.params.stop_token_ids or seq.num_generated >= seq.params.max_tokens
                     or len(seq) >= self.max_model_len or seq.cancelled.is_set()):
                 self._finish(seq)

@@ -21,8 +21,12 @@ def make_generator(params: SamplingParams, device: torch.device | str = "cpu") -
     return g
 
 
-def sample(logits_V: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> tuple[int, float | None]:
-    """Pick one token from a [V] row of logits; returns (token id, raw logprob or None)."""
+Pick = tuple[int, float | None, list[tuple[int, float]] | None]
+
+
+def sample(logits_V: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> Pick:
+    """Pick one token from a [V] row of logits; returns (token id, raw logprob or None, the
+    `top_logprobs` most likely (id, logprob) pairs or None)."""
     logits_V = logits_V.float()
     if params.temperature == 0:
         token = int(torch.argmax(logits_V))
@@ -39,13 +43,19 @@ def sample(logits_V: torch.Tensor, params: SamplingParams, generator: torch.Gene
             sorted_p = sorted_p.masked_fill(drop, 0.0)
             probs_V = torch.zeros_like(probs_V).scatter(0, order, sorted_p)
         token = int(torch.multinomial(probs_V, 1, generator=generator))
-    logprob = float(torch.log_softmax(logits_V, dim=-1)[token]) if params.logprobs else None
-    return token, logprob
+    if not params.logprobs:
+        return token, None, None
+    logprobs_V = torch.log_softmax(logits_V, dim=-1)
+    top = None
+    if params.top_logprobs > 0:
+        values, ids = torch.topk(logprobs_V, min(params.top_logprobs, logprobs_V.numel()))
+        top = list(zip(ids.tolist(), values.tolist(), strict=True))
+    return token, float(logprobs_V[token]), top
 
 
 def sample_batch(logits_BV: torch.Tensor, params: list[SamplingParams],
-                 generators: list[torch.Generator]) -> list[tuple[int, float | None]]:
+                 generators: list[torch.Generator]) -> list[Pick]:
     """Rows sampled independently; all-greedy batches take one argmax."""
     if all(p.temperature == 0 and not p.logprobs for p in params):
-        return [(int(t), None) for t in torch.argmax(logits_BV.float(), dim=-1).tolist()]
+        return [(int(t), None, None) for t in torch.argmax(logits_BV.float(), dim=-1).tolist()]
     return [sample(logits_BV[i], p, g) for i, (p, g) in enumerate(zip(params, generators, strict=True))]

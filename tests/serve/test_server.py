@@ -69,6 +69,36 @@ def test_forced_tool_choice_continues_from_an_opened_call(hermes_server, tiny_he
     assert body["usage"]["completion_tokens"] == 4  # max_completion_tokens is honoured
 
 
+def test_logprobs_with_top_alternatives_streamed_and_not(client, hermes_server):
+    kw = dict(model="tiny", messages=[{"role": "user", "content": "count to three"}], max_tokens=10, temperature=0,
+              logprobs=True, top_logprobs=3)
+    whole = client.chat.completions.create(**kw)
+    content = whole.choices[0].logprobs.content
+    assert len(content) == whole.usage.completion_tokens
+    for e in content:  # greedy: the chosen token is the most likely one
+        assert len(e.top_logprobs) == 3 and e.top_logprobs[0].token == e.token
+        assert e.top_logprobs[0].logprob == pytest.approx(e.logprob)
+        assert [t.logprob for t in e.top_logprobs] == sorted((t.logprob for t in e.top_logprobs), reverse=True)
+    streamed = [e for c in client.chat.completions.create(**kw, stream=True) for ch in c.choices
+                if ch.logprobs and ch.logprobs.content for e in ch.logprobs.content]
+    assert [(e.token, round(e.logprob, 4)) for e in streamed] == [(e.token, round(e.logprob, 4)) for e in content]
+    r = post(hermes_server, "/chat/completions", {**kw, "logprobs": False})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "top_logprobs"
+
+
+def test_completions_logprobs_in_the_legacy_format(client):
+    r = client.completions.create(model="tiny", prompt="import os\n", max_tokens=6, temperature=0, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.text_offset) == r.usage.completion_tokens == 6
+    for top, v in zip(lp.top_logprobs, lp.token_logprobs, strict=True):
+        assert len(top) <= 2 and max(top.values()) == pytest.approx(v)
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(6)]
+    streamed = [t for c in client.completions.create(model="tiny", prompt="import os\n", max_tokens=6,
+                                                     temperature=0, logprobs=2, stream=True)
+                for ch in c.choices if ch.logprobs for t in ch.logprobs.tokens]
+    assert streamed == lp.tokens
+
+
 def test_greedy_output_equals_transformers_generate(hermes_server, tiny_hermes):
     msgs = [{"role": "user", "content": "def fibonacci(n):"}]
     r = post(hermes_server, "/chat/completions", {"model": "tiny", "messages": msgs, "max_tokens": 24,
