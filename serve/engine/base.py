@@ -7,6 +7,7 @@ request and frees its slot.
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -70,3 +71,19 @@ class Engine(ABC):
 
     def weight_bytes(self) -> int:
         return 0
+
+
+DONE = object()
+"""Put on a request's queue by an engine thread after its last token (or after an exception)."""
+
+
+async def drain(out: asyncio.Queue) -> AsyncIterator[GenToken]:
+    """A request's tokens as an engine thread queues them: GenToken items until DONE; a queued
+    exception is raised here, in the caller's task."""
+    while True:
+        item = await out.get()
+        if item is DONE:
+            return
+        if isinstance(item, BaseException):
+            raise item
+        yield item

@@ -14,9 +14,7 @@ import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from serve.engine.base import Engine, EngineStats, GenToken, SamplingParams
-
-_DONE = object()
+from serve.engine.base import DONE, Engine, EngineStats, GenToken, SamplingParams, drain
 
 
 @dataclass
@@ -66,13 +64,8 @@ class HFEngine(Engine):
         req = _Request(list(prompt_ids), params, loop, asyncio.Queue())
         self._queue.put(req)
         try:
-            while True:
-                item = await req.out.get()
-                if item is _DONE:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
+            async for tok in drain(req.out):
+                yield tok
         finally:
             req.cancelled.set()
 
@@ -93,7 +86,7 @@ class HFEngine(Engine):
                 req.loop.call_soon_threadsafe(req.out.put_nowait, e)
             finally:
                 self._running = 0
-                req.loop.call_soon_threadsafe(req.out.put_nowait, _DONE)
+                req.loop.call_soon_threadsafe(req.out.put_nowait, DONE)
 
     def _decode(self, req: _Request) -> None:
         import torch

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from serve.engine.base import Engine, EngineStats, GenToken, SamplingParams
+from serve.engine.base import DONE, Engine, EngineStats, GenToken, SamplingParams, drain
 from serve.engine.block_manager import BlockManager
 from serve.engine.model_runner import ModelRunner
 from serve.engine.sampling import make_generator, sample_batch
@@ -29,7 +29,6 @@ from serve.engine.sequence import Sequence
 from serve.model.loader import load_model
 
 log = logging.getLogger(__name__)
-_DONE = object()
 
 
 @dataclass
@@ -119,13 +118,8 @@ class NativeEngine(Engine):
         seq.generator = make_generator(params, self.device)
         self._inbox.put(seq)
         try:
-            while True:
-                item = await seq.out.get()
-                if item is _DONE:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
+            async for tok in drain(seq.out):
+                yield tok
         finally:
             seq.cancelled.set()
             self._inbox.put(None)  # wake the loop so the slot is freed now
@@ -141,7 +135,7 @@ class NativeEngine(Engine):
             self._drain_inbox(block=not self.scheduler.has_work())
             for seq in self.scheduler.drop_cancelled():
                 self.runner.forget(seq)
-                self._emit(seq, _DONE)
+                self._emit(seq, DONE)
             batch = self.scheduler.schedule()
             if not batch:
                 continue
@@ -152,7 +146,7 @@ class NativeEngine(Engine):
                 for seq, _ in batch:
                     self._finish(seq)
                     self._emit(seq, e)
-                    self._emit(seq, _DONE)
+                    self._emit(seq, DONE)
 
     def _drain_inbox(self, block: bool) -> None:
         try:
@@ -182,7 +176,7 @@ class NativeEngine(Engine):
             if (token in seq.params.stop_token_ids or seq.num_generated >= seq.params.max_tokens
                     or len(seq) >= self.max_model_len or seq.cancelled.is_set()):
                 self._finish(seq)
-                out.append((seq, _DONE))
+                out.append((seq, DONE))
         self._emit_many(out)
 
     def _finish(self, seq: Sequence) -> None:
