@@ -99,7 +99,7 @@ def walk(base: Path):
         rel_dir = os.path.relpath(dirpath, base)
         rel_dir = "" if rel_dir == "." else rel_dir.replace(os.sep, "/")
         active = inherited.pop(rel_dir, [])
-        spec = _gitignore_spec(Path(dirpath), pathspec)
+        spec = _gitignore_spec(Path(dirpath), pathspec, top=not rel_dir)
         if spec is not None:
             active = active + [(rel_dir, spec)]
         kept = []
@@ -131,11 +131,12 @@ def _walk_files(base: Path, glob: str | None, limit: int | None) -> list[str]:
     return out
 
 
-def _gitignore_spec(folder: Path, pathspec):
-    """The folder's .gitignore; at a repository's top also .git/info/exclude (which .gitignore
+def _gitignore_spec(folder: Path, pathspec, top: bool = False):
+    """The folder's .gitignore; at the top of the walk also .git/info/exclude (which .gitignore
     overrides, so it comes first: the last matching pattern wins)."""
     lines: list[str] = []
-    for path in (folder / ".git" / "info" / "exclude", folder / ".gitignore"):
+    sources = (folder / ".git" / "info" / "exclude", folder / ".gitignore") if top else (folder / ".gitignore",)
+    for path in sources:
         try:
             lines += path.read_text(errors="replace").splitlines()
         except OSError:
