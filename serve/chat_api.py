@@ -165,7 +165,7 @@ async def chat_completion(state: ServerState, req: ChatCompletionRequest, reques
         choices.append(choice)
     completion = sum(o.completion_tokens for o in outs)
     body: dict[str, Any] = {"id": rid, "object": "chat.completion", "created": created, "model": state.served_name,
-                            "choices": choices, "usage": _usage(len(p.prompt_ids), completion)}
+                            "choices": choices, "usage": usage(len(p.prompt_ids), completion)}
     if req.return_token_ids:
         body["prompt_token_ids"] = p.prompt_ids
     state.metrics.requests.labels("/v1/chat/completions", "200").inc()
@@ -191,7 +191,7 @@ def _logprobs(state: ServerState, ids: list[int], logprobs: list[float | None],
                         for tid, lp, top in zip(ids, logprobs, tops, strict=False)]}
 
 
-def _usage(prompt: int, completion: int) -> dict[str, int]:
+def usage(prompt: int, completion: int) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
@@ -264,7 +264,7 @@ async def _stream(state: ServerState, req: ChatCompletionRequest, p: Prepared, r
                 completion += n
             yield chunk([value])
         if include_usage:
-            yield chunk([], usage=_usage(len(p.prompt_ids), completion))
+            yield chunk([], usage=usage(len(p.prompt_ids), completion))
         yield b"data: [DONE]\n\n"
         state.metrics.requests.labels("/v1/chat/completions", "200").inc()
     finally:

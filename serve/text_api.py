@@ -12,7 +12,7 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from serve.api import ServerState, request_id
-from serve.chat_api import per_choice_params
+from serve.chat_api import per_choice_params, usage
 from serve.generation import Finish, Piece, run_choice
 from serve.schemas import APIError, CompletionRequest
 
@@ -40,9 +40,7 @@ async def text_completion(state: ServerState, req: CompletionRequest, request: R
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     results = await asyncio.gather(*(_collect(state, req, job) for job in jobs))
     choices = [c for c, _ in results]
-    body: dict[str, Any] = base | {"choices": choices, "usage": {
-        "prompt_tokens": prompt_tokens, "completion_tokens": sum(n for _, n in results),
-        "total_tokens": prompt_tokens + sum(n for _, n in results)}}
+    body: dict[str, Any] = base | {"choices": choices, "usage": usage(prompt_tokens, sum(n for _, n in results))}
     if req.return_token_ids:
         body["prompt_token_ids"] = [ids for _, ids, _, _ in jobs[:: req.n]]
     state.metrics.requests.labels("/v1/completions", "200").inc()
@@ -126,8 +124,7 @@ async def _stream(state: ServerState, req: CompletionRequest, jobs, base: dict[s
             completion += n
             yield chunk([c]) if "error" not in c else f"data: {json.dumps(c)}\n\n".encode()
         if include_usage:
-            yield chunk([], usage={"prompt_tokens": prompt_tokens, "completion_tokens": completion,
-                                   "total_tokens": prompt_tokens + completion})
+            yield chunk([], usage=usage(prompt_tokens, completion))
         yield b"data: [DONE]\n\n"
         state.metrics.requests.labels("/v1/completions", "200").inc()
     finally:
