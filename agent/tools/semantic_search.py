@@ -8,6 +8,7 @@ agent must start without torch.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import threading
 from typing import Annotated
@@ -47,7 +48,7 @@ def semantic_search(
     if not query:
         raise ToolError("query is empty; describe the code you are looking for")
     prefix = _prefix(ctx, path)
-    missing = [m for m in INDEX_MODULES if importlib.util.find_spec(m) is None]
+    missing = _missing_modules()
     if missing:
         raise ToolError(f"semantic search is not installed here ({', '.join(missing)} missing; it needs the "
                         "`index` extra: pip install 'composer[index]'); use grep and glob to find code")
@@ -89,6 +90,12 @@ def semantic_search(
                        f"offset={h.start_line + per_hit})")
         out.append("")
     return ToolResult("\n".join(out).rstrip() + "\n", data=data)
+
+
+@functools.cache
+def _missing_modules() -> list[str]:
+    """What the index needs and this environment lacks (looked up once: installs do not change mid-run)."""
+    return [m for m in INDEX_MODULES if importlib.util.find_spec(m) is None]
 
 
 def _prefix(ctx: ToolContext, path: str | None) -> str | None:
