@@ -48,7 +48,7 @@ def semantic_search(
     if not query:
         raise ToolError("query is empty; describe the code you are looking for")
     prefix = _prefix(ctx, path)
-    missing = _missing_modules()
+    missing = _missing_modules(INDEX_MODULES)
     if missing:
         raise ToolError(f"semantic search is not installed here ({', '.join(missing)} missing; it needs the "
                         "`index` extra: pip install 'composer[index]'); use grep and glob to find code")
@@ -93,9 +93,9 @@ def semantic_search(
 
 
 @functools.cache
-def _missing_modules() -> list[str]:
-    """What the index needs and this environment lacks (looked up once: installs do not change mid-run)."""
-    return [m for m in INDEX_MODULES if importlib.util.find_spec(m) is None]
+def _missing_modules(modules: tuple[str, ...]) -> list[str]:
+    """Which of `modules` this environment lacks (looked up once: installs do not change mid-run)."""
+    return [m for m in modules if importlib.util.find_spec(m) is None]
 
 
 def _prefix(ctx: ToolContext, path: str | None) -> str | None:
