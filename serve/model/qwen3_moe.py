@@ -4,6 +4,12 @@ A step's tokens from all sequences are concatenated ([T]); attention finds each 
 the paged KV cache through AttnMeta. The experts go through one seam, `kernels.moe_forward`, which
 takes plain weights (the bf16/fp32 reference) or MXFP8Tensor weights (the Triton kernels). Logits are
 computed only for the rows that will be sampled.
+
+`forward_train` is the same model without the paged cache, for the RL trainer: right-padded
+sequences [B, L] from position 0, causal SDPA, gradients on. Same modules, same weights, so at equal
+weights the trainer's log-probs equal the sampler's. For training, `to_training()` turns the expert
+tensors into Parameters (fp32/bf16 masters); with `train_mxfp8` set they run through
+`kernels.mxfp8_moe`, whose forward is the served MXFP8 path on freshly quantized masters.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels import MXFP8Tensor, cpu_pack, moe_forward
+from kernels.mxfp8_linear import mxfp8_moe
 from kernels.moe_reference import pack_experts
 from serve.model.config import ModelConfig
 from serve.model.layers import AttnMeta, RMSNorm, Rotary, apply_rope, paged_attention
@@ -41,6 +48,18 @@ class Attention(nn.Module):
         o_THC = paged_attention(q_THC, k_cache, v_cache, meta, self.g)
         return self.o_proj(o_THC.reshape(T, self.h * self.c))
 
+    def forward_dense(self, x_BLD: torch.Tensor, cos_LC: torch.Tensor, sin_LC: torch.Tensor) -> torch.Tensor:
+        """Causal self-attention over whole right-padded sequences (no cache): the training forward."""
+        B, L, _ = x_BLD.shape
+        q_BLHC = self.q_norm(self.q_proj(x_BLD).view(B, L, self.h, self.c))
+        k_BLGC = self.k_norm(self.k_proj(x_BLD).view(B, L, self.g, self.c))
+        v_BLGC = self.v_proj(x_BLD).view(B, L, self.g, self.c)
+        q_BLHC, k_BLGC = apply_rope(q_BLHC, cos_LC, sin_LC), apply_rope(k_BLGC, cos_LC, sin_LC)
+        o_BHLC = F.scaled_dot_product_attention(q_BLHC.transpose(1, 2), k_BLGC.transpose(1, 2),
+                                                v_BLGC.transpose(1, 2), is_causal=True,
+                                                enable_gqa=self.h != self.g)
+        return self.o_proj(o_BHLC.transpose(1, 2).reshape(B, L, self.h * self.c))
+
 
 class DenseMLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
@@ -64,6 +83,7 @@ class SparseMoE(nn.Module):
         self.w13: torch.Tensor | MXFP8Tensor = torch.empty(0)
         self.w2: torch.Tensor | MXFP8Tensor = torch.empty(0)
         self.cpu_packed: tuple[torch.Tensor, torch.Tensor] | None = None  # see Qwen3MoeModel.pack_for_cpu
+        self.train_mxfp8 = False  # training: experts through the MXFP8 straight-through path
 
     def forward(self, x_TD: torch.Tensor) -> torch.Tensor:
         logits_TE = self.gate(x_TD)
@@ -71,8 +91,10 @@ class SparseMoE(nn.Module):
         weights_TK, ids_TK = torch.topk(probs_TE, self.top_k, dim=-1)
         if self.norm_topk:
             weights_TK = weights_TK / weights_TK.sum(dim=-1, keepdim=True)
-        return moe_forward(x_TD, ids_TK, weights_TK.to(logits_TE.dtype), self.w13, self.w2,
-                           cpu_packed=self.cpu_packed)
+        weights_TK = weights_TK.to(logits_TE.dtype)
+        if self.train_mxfp8:
+            return mxfp8_moe(x_TD, ids_TK, weights_TK, self.w13, self.w2)
+        return moe_forward(x_TD, ids_TK, weights_TK, self.w13, self.w2, cpu_packed=self.cpu_packed)
 
 
 class DecoderLayer(nn.Module):
@@ -86,6 +108,11 @@ class DecoderLayer(nn.Module):
     def forward(self, x_TD, cos_TC, sin_TC, k_cache, v_cache, meta: AttnMeta) -> torch.Tensor:
         x_TD = x_TD + self.self_attn(self.input_layernorm(x_TD), cos_TC, sin_TC, k_cache, v_cache, meta)
         return x_TD + self.mlp(self.post_attention_layernorm(x_TD))
+
+    def forward_dense(self, x_BLD, cos_LC, sin_LC) -> torch.Tensor:
+        x_BLD = x_BLD + self.self_attn.forward_dense(self.input_layernorm(x_BLD), cos_LC, sin_LC)
+        h_BLD = self.post_attention_layernorm(x_BLD)
+        return x_BLD + self.mlp(h_BLD.reshape(-1, h_BLD.shape[-1])).view_as(h_BLD)
 
 
 class Qwen3MoeModel(nn.Module):
@@ -114,6 +141,32 @@ class Qwen3MoeModel(nn.Module):
         h_BD = self.norm(x_TD[logits_rows_B])
         logits = F.linear(h_BD, self.embed_tokens.weight) if self.lm_head is None else self.lm_head(h_BD)
         return logits.float()
+
+    def forward_train(self, input_ids_BL: torch.Tensor) -> torch.Tensor:
+        """Logits [B, L, V] (float32) of right-padded sequences that start at position 0; differentiable."""
+        L = input_ids_BL.shape[1]
+        if self.rotary is None:
+            self.rotary = Rotary(self.cfg, input_ids_BL.device)
+        x_BLD = self.embed_tokens(input_ids_BL)
+        cos_LC, sin_LC = self.rotary.cos_sin(torch.arange(L, device=input_ids_BL.device), x_BLD.dtype)
+        for layer in self.layers:
+            x_BLD = layer.forward_dense(x_BLD, cos_LC, sin_LC)
+        h_BLD = self.norm(x_BLD)
+        logits = F.linear(h_BLD, self.embed_tokens.weight) if self.lm_head is None else self.lm_head(h_BLD)
+        return logits.float()
+
+    def to_training(self, mxfp8_experts: bool) -> Qwen3MoeModel:
+        """Make the expert weights trainable Parameters (masters in the model's dtype); with
+        `mxfp8_experts` their forward uses the MXFP8 round trip, as served. Returns self."""
+        for moe in self.moe_layers():
+            for name in ("w13", "w2"):
+                w = getattr(moe, name)
+                master = w.dequantize(self.embed_tokens.weight.dtype) if isinstance(w, MXFP8Tensor) else w
+                setattr(moe, name, nn.Parameter(master.detach().clone()))
+            moe.train_mxfp8 = mxfp8_experts
+            moe.cpu_packed = None
+        self.train()
+        return self
 
     def pack_for_cpu(self, expert_copy_limit: int = 4 << 30,
                      min_linear_elements: int = cpu_pack.MIN_PACKED_ELEMENTS) -> str:
