@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--api-key", help="API key (or COMPOSER_API_KEY)")
     m.add_argument("--context-window", type=int, metavar="TOKENS",
                    help="context size (default: the server's, else 128k); summarised at 80%%")
+    m.add_argument("--record-tokens", action="store_true", default=None,
+                   help="record the sampled token ids and logprobs in the session, for RL training "
+                        "(needs composer-serve or vLLM >= 0.10.2)")
     lim = p.add_argument_group("limits")
     lim.add_argument("--max-turns", type=int, metavar="N", help="model requests per task (default 100)")
     lim.add_argument("--max-time", type=float, metavar="SECONDS", help="wall-clock limit per task")
@@ -72,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     flags = {"base_url": args.base_url, "model": args.model, "api_key": args.api_key,
              "context_window": args.context_window, "max_turns": args.max_turns, "max_time_s": args.max_time,
              "token_budget": args.token_budget, "approval": args.approval, "sandbox": args.sandbox,
-             "add_dirs": args.add_dir}
+             "add_dirs": args.add_dir, "record_tokens": args.record_tokens}
     headless = args.task is not None or args.json
     if args.json and args.task is None and not args.resume:
         parser.error("--json needs --task (or --resume to continue a saved session)")

@@ -10,6 +10,9 @@ Errors: connection failures, 429 and 5xx are retried with exponential backoff (R
 401/403, 404 and unknown models are not, and come out as ModelError(kind="config"), which front-ends
 report in one line and exit 2 on. A 400 that says the prompt is too long is kind="context_overflow"
 (the loop summarises and tries again).
+
+With `record_tokens` the request also asks for token ids and logprobs (composer-serve's and vLLM's
+`return_token_ids`), and the turn carries a TokenRecord: exactly what the server sampled, for RL.
 """
 
 from __future__ import annotations
@@ -41,6 +44,16 @@ class ModelError(Exception):
 
 
 @dataclass
+class TokenRecord:
+    """What the server tokenised and sampled for one request: training uses these ids, never a re-encoding."""
+
+    prompt_token_ids: list[int]
+    completion_token_ids: list[int]
+    completion_logprobs: list[float | None]  # one per completion id, under the sampling policy
+    policy_version: int | None = None  # composer-serve's weights version (the oldest, if it changed mid-stream)
+
+
+@dataclass
 class ModelTurn:
     content: str = ""
     reasoning: str = ""
@@ -49,6 +62,7 @@ class ModelTurn:
     usage: Usage = field(default_factory=Usage)
     ttft_s: float = 0.0
     duration_s: float = 0.0
+    tokens: TokenRecord | None = None  # only with record_tokens
 
 
 @dataclass
@@ -136,6 +150,8 @@ class OpenAIClient:
             body["temperature"] = self.config.temperature
         if self.config.max_output_tokens is not None:
             body["max_tokens"] = self.config.max_output_tokens
+        if self.config.record_tokens:
+            body |= {"return_token_ids": True, "logprobs": True}
         attempt = 0
         while True:
             try:
@@ -162,7 +178,7 @@ class OpenAIClient:
         httpx = self._httpx
         url = f"{self.base_url}/chat/completions"
         start = time.monotonic()
-        acc = _Accumulator(tools, cb, start)
+        acc = _Accumulator(tools, cb, start, _Tokens(self.base_url) if body.get("return_token_ids") else None)
         try:
             with self.http.stream("POST", url, json=body) as r:
                 self._response = r
@@ -174,7 +190,7 @@ class OpenAIClient:
                 else:
                     for line in r.iter_lines():
                         if cancel.is_set():
-                            raise ModelError("interrupted", "interrupted", partial=acc.finish(body))
+                            raise ModelError("interrupted", "interrupted", partial=acc.finish(body, partial=True))
                         if not line.startswith("data:"):
                             continue
                         data = line[5:].strip()
@@ -189,7 +205,7 @@ class OpenAIClient:
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError,
                 httpx.ReadTimeout, httpx.WriteError, httpx.PoolTimeout) as e:
             if cancel.is_set():
-                raise ModelError("interrupted", "interrupted", partial=acc.finish(body)) from None
+                raise ModelError("interrupted", "interrupted", partial=acc.finish(body, partial=True)) from None
             if acc.started_calls():
                 # Tools the answer already called are running: asking again would run them twice.
                 # Keep the answer as far as it came; the loop goes on with those calls' results.
@@ -221,8 +237,9 @@ class OpenAIClient:
 class _Accumulator:
     """Builds a ModelTurn from streamed chunks (or one whole response)."""
 
-    def __init__(self, tools, cb: StreamCallbacks, start: float):
+    def __init__(self, tools, cb: StreamCallbacks, start: float, tokens: _Tokens | None = None):
         self.cb = cb
+        self.tokens = tokens
         self.start = start
         self.first: float | None = None
         self.parser = StreamParser("auto", tools, reasoning=True)
@@ -239,6 +256,8 @@ class _Accumulator:
             self.first = time.monotonic()
 
     def chunk(self, obj: dict[str, Any]) -> None:
+        if self.tokens is not None:
+            self.tokens.chunk(obj)
         if obj.get("usage"):
             self.usage = obj["usage"]
         for choice in obj.get("choices") or []:
@@ -261,10 +280,13 @@ class _Accumulator:
         self.usage = obj.get("usage")
         choice = (obj.get("choices") or [{}])[0]
         msg = choice.get("message") or {}
-        self.chunk({"choices": [{"delta": {"content": msg.get("content"),
+        # A whole response is one chunk holding everything (token ids and logprobs in the same places).
+        self.chunk({"prompt_token_ids": obj.get("prompt_token_ids"), "policy_version": obj.get("policy_version"),
+                    "choices": [{"delta": {"content": msg.get("content"),
                                            "reasoning_content": msg.get("reasoning_content"),
                                            "tool_calls": [dict(tc, index=i) for i, tc in
                                                           enumerate(msg.get("tool_calls") or [])]},
+                                 "token_ids": choice.get("token_ids"), "logprobs": choice.get("logprobs"),
                                  "finish_reason": choice.get("finish_reason")}]})
 
     def _tool_delta(self, tc: dict[str, Any]) -> None:
@@ -305,19 +327,23 @@ class _Accumulator:
     def started_calls(self) -> bool:
         return bool(self.emitted or self.text_calls)
 
-    def finish(self, body: dict[str, Any]) -> ModelTurn:
+    def finish(self, body: dict[str, Any], partial: bool = False) -> ModelTurn:
+        """The whole turn; `partial` (interrupted): as far as it came, token ids included unchecked."""
+        # Checked before handing out the calls held back till now, so a bad record starts no more tools.
+        tokens = self.tokens.record(strict=not partial) if self.tokens is not None else None
         self._parse(self.parser.close())
         for idx in sorted(self.calls):
             if idx not in self.emitted:
                 self._emit_structured(idx)
-        return self._turn(body, sorted(self.calls))
+        return self._turn(body, sorted(self.calls), tokens)
 
     def cut_short(self, body: dict[str, Any]) -> ModelTurn:
         """The turn as far as a broken stream brought it: only the calls already handed out."""
         self.finish_reason = "connection_lost"
-        return self._turn(body, sorted(self.emitted))
+        tokens = self.tokens.record(strict=False) if self.tokens is not None else None
+        return self._turn(body, sorted(self.emitted), tokens)
 
-    def _turn(self, body: dict[str, Any], structured: list[int]) -> ModelTurn:
+    def _turn(self, body: dict[str, Any], structured: list[int], tokens: TokenRecord | None = None) -> ModelTurn:
         calls = [ToolCall(self.calls[i]["id"], self.calls[i]["name"], self.calls[i]["arguments"]) for i in structured]
         calls += self.text_calls
         content = "".join(self.content)
@@ -331,7 +357,52 @@ class _Accumulator:
                           estimate_tokens(content + "".join(self.reasoning)) + sum(
                               estimate_tokens(c.arguments) for c in calls), estimated=True)
         return ModelTurn(content, "".join(self.reasoning), calls, self.finish_reason, usage,
-                         (self.first or end) - self.start, end - self.start)
+                         (self.first or end) - self.start, end - self.start, tokens)
+
+
+class _Tokens:
+    """Collects the token ids and logprobs a server streams (record_tokens) into a TokenRecord."""
+
+    def __init__(self, base_url: str):
+        self.base_url = base_url
+        self.prompt: list[int] | None = None
+        self.completion: list[int] = []
+        self.saw_completion = False  # a server that ignores return_token_ids sends no `token_ids` key
+        self.logprobs: list[float | None] = []
+        self.version: int | None = None
+
+    def chunk(self, obj: dict[str, Any]) -> None:
+        if obj.get("prompt_token_ids") is not None:
+            self.prompt = list(obj["prompt_token_ids"])
+        version = obj.get("policy_version")
+        if isinstance(version, int):
+            # Weights may change mid-stream; the oldest version bounds how stale these tokens are.
+            self.version = version if self.version is None else min(self.version, version)
+        for choice in obj.get("choices") or []:
+            if choice.get("token_ids") is not None:
+                self.saw_completion = True
+                self.completion += choice["token_ids"]
+            for entry in (choice.get("logprobs") or {}).get("content") or []:
+                self.logprobs.append(entry.get("logprob"))
+
+    def record(self, strict: bool) -> TokenRecord | None:
+        """The record; strict (a finished turn) raises ModelError when the server's answer cannot be trained on."""
+        if not strict:
+            if self.prompt is None and not self.saw_completion:
+                return None
+            # A cut stream may end between a chunk's ids and its logprobs: pad so that they still pair up.
+            logprobs = (self.logprobs + [None] * len(self.completion))[: len(self.completion)]
+            return TokenRecord(self.prompt or [], self.completion, logprobs, self.version)
+        missing = [name for name, absent in (("prompt_token_ids", self.prompt is None),
+                                             ("completion token_ids", not self.saw_completion)) if absent]
+        if missing:
+            what = "none" if len(missing) == 2 else f"no {missing[0]}"
+            raise ModelError("--record-tokens needs a server that returns token ids (composer-serve, or vLLM "
+                             f">= 0.10.2 with return_token_ids); {self.base_url} returned {what}", "config")
+        if len(self.logprobs) != len(self.completion):
+            raise ModelError(f"{self.base_url} returned {len(self.logprobs)} logprobs for {len(self.completion)} "
+                             "completion token ids; --record-tokens needs one per token", "request")
+        return TokenRecord(self.prompt, self.completion, self.logprobs, self.version)
 
 
 def new_call_id() -> str:

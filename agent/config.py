@@ -46,6 +46,9 @@ class Config:
     """Sampling temperature sent to the server (None: the server's default)."""
     max_output_tokens: int | None = None
     """`max_tokens` per model response (None: the server's default)."""
+    record_tokens: bool = False
+    """Ask the server for the sampled token ids and logprobs and write them into the session, so a
+    trajectory trains without re-tokenising (RL). Needs composer-serve or vLLM >= 0.10.2."""
     approval: str = "auto"
     """auto: tools run without asking; ask: shell and writes need a yes; read-only: they are refused."""
     sandbox: bool = False
@@ -71,6 +74,8 @@ class Config:
             raise ConfigError(f"summarize_at must be between 0.1 and 0.95, got {self.summarize_at}")
         if self.max_turns < 1:
             raise ConfigError(f"max_turns must be at least 1, got {self.max_turns}")
+        if not isinstance(self.record_tokens, bool):  # TOML `"true"` would otherwise count as on
+            raise ConfigError(f"record_tokens must be true or false, got {self.record_tokens!r}")
         if not isinstance(self.add_dirs, list) or not all(isinstance(d, str) for d in self.add_dirs):
             raise ConfigError(f"add_dirs must be a list of folder paths, got {self.add_dirs!r}")
 

@@ -156,7 +156,7 @@ class Agent:
             "type": "request", "turn": turn, "segment": self.session.segment, "messages": sent, "extra": [],
             "purpose": "turn", "spec_hash": self.spec_hash, "usage": _usage(reply),
             "timings": {"ttft_s": round(reply.ttft_s, 4), "model_s": round(reply.duration_s, 4)},
-            "finish_reason": reply.finish_reason, "reasoning": reply.reasoning,
+            "finish_reason": reply.finish_reason, "reasoning": reply.reasoning, **_tokens(reply),
         })
         self._append(assistant)
         self.emit(AssistantMessage(turn, reply.content, assistant.get("tool_calls", [])))
@@ -212,7 +212,7 @@ class Agent:
             "messages": sent if unchanged else 0, "extra": request[-1:] if unchanged else request,
             "purpose": "summary", "spec_hash": None, "usage": _usage(reply),
             "timings": {"ttft_s": round(reply.ttft_s, 4), "model_s": round(reply.duration_s, 4)},
-            "finish_reason": reply.finish_reason, "reasoning": reply.reasoning,
+            "finish_reason": reply.finish_reason, "reasoning": reply.reasoning, **_tokens(reply),
         })
         self.prompt_tokens += reply.usage.prompt_tokens
         self.completion_tokens += reply.usage.completion_tokens
@@ -238,6 +238,15 @@ class Agent:
         if c.token_budget is not None and self.prompt_tokens + self.completion_tokens - tokens_at_start >= c.token_budget:
             return "max_tokens"
         return None
+
+
+def _tokens(reply: ModelTurn) -> dict[str, Any]:
+    """The sampled tokens (record_tokens), for training on exactly them; nothing otherwise."""
+    t = reply.tokens
+    if t is None:
+        return {}
+    return {"prompt_token_ids": t.prompt_token_ids, "completion_token_ids": t.completion_token_ids,
+            "completion_logprobs": t.completion_logprobs, "policy_version": t.policy_version}
 
 
 def _usage(reply: ModelTurn) -> dict[str, Any]:

@@ -6,7 +6,9 @@ Records (one JSON object per line, `type` first):
   message    segment, index, message                   every message appended to the conversation
   request    turn, segment, messages (how many of the segment's messages were sent), extra (messages
              sent after those, e.g. the summary prompt), purpose (turn | summary), spec_hash, usage,
-             timings, finish_reason, reasoning
+             timings, finish_reason, reasoning; with record_tokens also prompt_token_ids,
+             completion_token_ids, completion_logprobs (one per id) and policy_version (or null): exactly
+             what the server tokenised and sampled (an interrupted turn: as far as it came)
   tools      turn, calls: [{id, name, ok, duration_s}]
   segment    segment, summary, tokens_before           the context was summarised; a new segment starts
   resumed    at
