@@ -1,0 +1,232 @@
+"""Rewards as plain functions of an episode's statistics, weighted and summed by a config.
+
+An episode is a session JSONL file written by the agent (agent/session.py). `episode_stats` reduces it
+to the few numbers rewards look at; each reward is a function `(stats, task) -> float` whose parameters
+are keyword arguments with defaults; `compose(RewardConfig)` binds them and returns the total and each
+component (for logging).
+
+Which messages are the model's: the message record written right after a request record with purpose
+"turn" (the loop writes the request, then the assistant message it produced). Messages re-appended
+after a summary (a new segment) are copies and are not counted again.
+
+A malformed tool call is one the executor would refuse or never saw: a name the session did not offer,
+arguments that are not a JSON object, arguments that fail the tool's JSON schema, or a `<tool_call>` /
+`<function=` tag left in the assistant's text (a call the parser could not read). Schema checks are
+strict: the executor kindly coerces "5" to 5, a reward should not teach the model to rely on it.
+
+Limits: an episode that ended in an infrastructure failure (status "error", or no "finished" record
+at all because the harness died) has `infra_error` set; `compose` refuses to score it: such episodes
+say nothing about the policy and must be masked out of the batch, not given reward 0.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any
+
+import jsonschema
+
+from agent.session import SessionData
+
+# A qwen3_coder call may open with `<tool_call><function=…>`: one attempt, counted once.
+_UNPARSED_CALL = re.compile(r"<tool_call>\s*(?:<function=)?|<function=")
+
+
+@dataclass
+class EpisodeStats:
+    passed: bool | None
+    """The verifier's verdict; None when the episode was not verified."""
+    status: str | None
+    """The last "finished" record's status (completed, max_turns, error, …); None if there is none."""
+    turns: int
+    """Model turns: requests with purpose "turn" (summaries excluded)."""
+    completion_tokens: int
+    """Tokens generated over all requests, summaries included (they cost the same)."""
+    tool_calls: int
+    """Structured tool calls in the model's messages."""
+    malformed_tool_calls: int
+    """Calls that could not run as sent, plus unparsed call tags in the text (see the module doc)."""
+    tool_calls_per_turn: float
+    """tool_calls / turns that made at least one call; 0 when none did."""
+    infra_error: bool
+    """The harness or server failed (status "error", or no "finished" record): mask out, never score."""
+
+
+def episode_stats(data: SessionData, passed: bool | None) -> EpisodeStats:
+    schemas: dict[str, dict[str, Any]] = {}
+    for spec in data.meta.get("tools") or []:
+        fn = spec.get("function", spec)
+        schemas[fn.get("name", "")] = fn.get("parameters") or {}
+    validators: dict[str, Any] = {}
+
+    status: str | None = None
+    finished = False
+    turns = completion = calls = malformed = calling_turns = 0
+    reply_next = False
+    for rec in data.records:
+        kind = rec.get("type")
+        if kind == "request":
+            completion += int((rec.get("usage") or {}).get("completion_tokens") or 0)
+            reply_next = rec.get("purpose", "turn") == "turn"
+            turns += reply_next
+        elif kind == "message" and reply_next:
+            reply_next = False
+            msg = rec.get("message") or {}
+            if msg.get("role") != "assistant":
+                continue
+            malformed += len(_UNPARSED_CALL.findall(_text(msg.get("content"))))
+            msg_calls = msg.get("tool_calls") or []
+            calls += len(msg_calls)
+            calling_turns += bool(msg_calls)
+            malformed += sum(_malformed(c, schemas, validators) for c in msg_calls)
+        elif kind == "finished":
+            finished, status = True, rec.get("status")
+    return EpisodeStats(
+        passed=passed, status=status, turns=turns, completion_tokens=completion, tool_calls=calls,
+        malformed_tool_calls=malformed, tool_calls_per_turn=calls / calling_turns if calling_turns else 0.0,
+        infra_error=not finished or status == "error",
+    )
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # multi-part content: only the text parts can hold a call
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""
+
+
+def _malformed(call: dict[str, Any], schemas: dict[str, dict[str, Any]], validators: dict[str, Any]) -> bool:
+    fn = call.get("function") or {}
+    name = fn.get("name")
+    if name not in schemas:
+        return True
+    args = fn.get("arguments")
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}  # "" = no arguments, as the executor reads it
+        except json.JSONDecodeError:
+            return True
+    if not isinstance(args, dict):
+        return True
+    if name not in validators:
+        validators[name] = jsonschema.Draft202012Validator(schemas[name])
+    return not validators[name].is_valid(args)
+
+
+# -- reward functions ---------------------------------------------------------------------------------------
+
+def pass_reward(stats: EpisodeStats, task: dict | None = None) -> float:
+    """1.0 if the verifier passed the episode, else 0.0 (unverified counts as not passed)."""
+    return 1.0 if stats.passed else 0.0
+
+
+def length_penalty(stats: EpisodeStats, task: dict | None = None, *, coef: float = 0.1, scale: float = 1000.0,
+                   cap: float = 0.5, only_passed: bool = True) -> float:
+    """-min(coef * log1p(completion_tokens / s), cap), s = task["expected_tokens"] if given, else `scale`.
+
+    Concave in tokens: the marginal cost of a token, coef / (s + tokens), falls as the episode grows,
+    so trimming an easy task's 300 tokens to 200 is worth more than trimming 5100 to 5000 on a hard one.
+    A larger s (a task expected to need more tokens) lowers both the penalty and its slope. `cap`
+    bounds it below the pass reward, so passing always beats failing. With only_passed (the default)
+    failing episodes pay nothing: otherwise failing fast would be rewarded over failing after trying.
+    """
+    if only_passed and stats.passed is not True:
+        return 0.0
+    s = scale
+    if task and task.get("expected_tokens") is not None:
+        s = float(task["expected_tokens"])
+    if not s > 0:
+        raise ValueError(f"length scale (expected_tokens) must be > 0, got {s}")
+    return 0.0 - min(coef * math.log1p(stats.completion_tokens / s), cap)
+
+
+def malformed_penalty(stats: EpisodeStats, task: dict | None = None, *, per_call: float = 0.1,
+                      cap: float = 0.5) -> float:
+    """-min(per_call * malformed_tool_calls, cap), passing or not: a bad call costs a turn either way."""
+    return 0.0 - min(per_call * stats.malformed_tool_calls, cap)
+
+
+def parallelism_bonus(stats: EpisodeStats, task: dict | None = None, *, coef: float = 0.05,
+                      cap: float = 0.1) -> float:
+    """min(coef * (tool_calls_per_turn - 1), cap) for passing episodes that batch calls, else 0.
+
+    Only when passed, so issuing many useless calls at once is never worth it on its own.
+    """
+    if stats.passed is not True or stats.tool_calls_per_turn <= 1:
+        return 0.0
+    return min(coef * (stats.tool_calls_per_turn - 1), cap)
+
+
+# -- configuration --------------------------------------------------------------------------------------------
+
+@dataclass
+class RewardConfig:
+    pass_weight: float = 1.0
+    """Reward for a verified pass."""
+    length_coef: float = 0.1
+    """coef of length_penalty; 0 turns it off."""
+    length_scale: float = 1000.0
+    """Tokens scale of length_penalty for tasks without "expected_tokens"."""
+    length_cap: float = 0.5
+    """Largest length penalty; must stay below pass_weight so that passing always beats failing."""
+    length_only_passed: bool = True
+    """Charge length to passing episodes only (charging failures rewards giving up early)."""
+    malformed_per_call: float = 0.1
+    """Penalty per malformed tool call; 0 turns it off."""
+    malformed_cap: float = 0.5
+    """Largest malformed-call penalty per episode."""
+    parallel_coef: float = 0.0
+    """Bonus per extra call per calling turn beyond one; off by default."""
+    parallel_cap: float = 0.1
+    """Largest parallelism bonus."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(f.default, bool):
+                if not isinstance(v, bool):
+                    raise ValueError(f"reward config {f.name} must be true or false, got {v!r}")
+                continue
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v < 0:
+                raise ValueError(f"reward config {f.name} must be a finite number >= 0, got {v!r}")
+            setattr(self, f.name, float(v))
+        if not self.length_scale > 0:
+            raise ValueError(f"reward config length_scale must be > 0, got {self.length_scale}")
+        if self.length_coef > 0 and self.length_cap >= self.pass_weight:
+            raise ValueError(f"reward config length_cap ({self.length_cap}) must be below pass_weight "
+                             f"({self.pass_weight}), or a long pass could score no better than a failure")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RewardConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown reward config keys {unknown}; known: {sorted(known)}")
+        return cls(**d)
+
+
+Reward = Callable[[EpisodeStats, dict | None], tuple[float, dict[str, float]]]
+
+
+def compose(cfg: RewardConfig) -> Reward:
+    """(stats, task) -> (total, {component: value}); raises on infra-error episodes (mask them out)."""
+
+    def reward(stats: EpisodeStats, task: dict | None = None) -> tuple[float, dict[str, float]]:
+        if stats.infra_error:
+            raise ValueError(f"episode ended in an infrastructure failure (status {stats.status!r}): "
+                             "mask it out of training rather than scoring it")
+        parts = {
+            "pass": cfg.pass_weight * pass_reward(stats, task),
+            "length": length_penalty(stats, task, coef=cfg.length_coef, scale=cfg.length_scale,
+                                     cap=cfg.length_cap, only_passed=cfg.length_only_passed),
+            "malformed": malformed_penalty(stats, task, per_call=cfg.malformed_per_call, cap=cfg.malformed_cap),
+            "parallel": parallelism_bonus(stats, task, coef=cfg.parallel_coef, cap=cfg.parallel_cap),
+        }
+        return sum(parts.values()), parts
+
+    return reward
