@@ -150,6 +150,10 @@ class Agent:
 
     def _assistant(self, turn: int, sent: int, reply: ModelTurn, calls: list[ToolCall]) -> None:
         assistant: Message = {"role": "assistant", "content": reply.content}
+        if reply.reasoning and self.config.record_tokens:
+            # Sent back so the chat template renders the turn as it was sampled (append-only token
+            # chains for training). Off in ordinary use: some APIs reject reasoning in requests.
+            assistant["reasoning_content"] = reply.reasoning
         if calls:
             assistant["tool_calls"] = [tool_call_message(c.id, c.name, c.arguments) for c in calls]
         self.session.write({

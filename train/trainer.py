@@ -1,0 +1,219 @@
+"""The trainer: log-probs with the serving model's own code, the RL (or SFT) loss, AdamW.
+
+The model is `serve.model.Qwen3MoeModel` loaded by the serving loader, run through `forward_train`
+(no paged cache, causal attention over whole sequences) with the experts as trainable masters; by
+default they go through the MXFP8 straight-through path, so the forward the trainer differentiates is
+the forward the server runs on the saved checkpoint, and log-probs agree at equal weights. Each step
+measures that agreement on the samples made by the current weights (`logprob_gap_max/mean`).
+
+Gradient accumulation: a step's samples are cut into micro-batches of at most `micro_batch_tokens`
+padded tokens; each micro-batch's loss is scaled so that the sum equals the loss of the whole batch.
+AdamW on fp32 masters; on a GPU the forward runs under bf16 autocast.
+
+Limits: logits are materialised for a whole micro-batch ([B, L, V] float32): fine for small vocabularies,
+chunk them before training a 150k-vocabulary model on long contexts. No routing replay yet: the
+trainer routes tokens itself (at equal weights it picks the same experts as the sampler).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from serve.model.loader import load_model
+from train.algo import LossConfig, policy_loss
+from train.checkpoint import load_training, read_policy, save_policy
+from train.samples import Sample
+
+
+@dataclass
+class TrainerConfig:
+    lr: float = 1e-5
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW decoupled weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this (0 disables)."""
+    micro_batch_tokens: int = 8192
+    """Padded tokens (sequences x longest) per forward pass; a step accumulates gradients over them."""
+    mxfp8_experts: bool = True
+    """Experts forward through MXFP8 (as served) and are saved in MXFP8."""
+    device: str | None = None
+    """cpu or cuda (default: cuda when available)."""
+    seed: int = 0
+    """Seeds torch's RNG at start-up."""
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0 or self.micro_batch_tokens < 1 or self.grad_clip < 0:
+            raise ValueError("lr and micro_batch_tokens must be positive and grad_clip >= 0")
+
+
+def micro_batches(samples: list[Sample], budget: int) -> list[list[int]]:
+    """Indices of samples grouped so that len(group) x longest <= budget (at least one each)."""
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    longest = 0
+    for i, s in enumerate(samples):
+        n = len(s.token_ids)
+        if cur and (len(cur) + 1) * max(longest, n) > budget:
+            groups.append(cur)
+            cur, longest = [], 0
+        cur.append(i)
+        longest = max(longest, n)
+    if cur:
+        groups.append(cur)
+    return groups
+
+
+def pad(samples: list[Sample], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ids [B, L], mask [B, L], sampler logprobs [B, L], right-padded with zeros."""
+    L = max(len(s.token_ids) for s in samples)
+    ids = torch.zeros(len(samples), L, dtype=torch.long)
+    mask = torch.zeros(len(samples), L)
+    slp = torch.zeros(len(samples), L)
+    for i, s in enumerate(samples):
+        n = len(s.token_ids)
+        ids[i, :n] = torch.tensor(s.token_ids)
+        mask[i, :n] = torch.tensor(s.mask, dtype=torch.float32)
+        slp[i, :n] = torch.tensor(s.sampler_logprobs, dtype=torch.float32)
+    return ids.to(device), mask.to(device), slp.to(device)
+
+
+class Trainer:
+    def __init__(self, model_dir: str | Path, config: TrainerConfig | None = None,
+                 loss: LossConfig | None = None):
+        self.config = c = config or TrainerConfig()
+        self.loss = loss or LossConfig()
+        self.base_dir = Path(model_dir)
+        self.device = torch.device(c.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        torch.manual_seed(c.seed)
+        self.model = load_model(model_dir, device=self.device, dtype=torch.float32, quant="none")
+        self.model.to_training(c.mxfp8_experts)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=c.lr, betas=c.betas, weight_decay=c.weight_decay,
+                                           foreach=True)
+        self.policy_version = int(read_policy(model_dir).get("policy_version", 0))
+        self.step_count = 0
+
+    # -- forward ---------------------------------------------------------------------------------------
+
+    def _token_logprobs(self, ids_BL: torch.Tensor) -> torch.Tensor:
+        """Log-prob of each token given the ones before it: [B, L-1] (position t scores token t+1)."""
+        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" else _nullcontext()
+        with autocast:
+            logits_BLV = self.model.forward_train(ids_BL)
+        logp_BTV = F.log_softmax(logits_BLV[:, :-1].float(), dim=-1)
+        return logp_BTV.gather(-1, ids_BL[:, 1:, None]).squeeze(-1)
+
+    @torch.no_grad()
+    def logprobs(self, samples: list[Sample]) -> list[torch.Tensor]:
+        """Per sample: the trainer's log-prob of tokens 1..n-1 (aligned with token_ids[1:])."""
+        out: list[torch.Tensor | None] = [None] * len(samples)
+        for group in micro_batches(samples, self.config.micro_batch_tokens):
+            ids, _, _ = pad([samples[i] for i in group], self.device)
+            lp = self._token_logprobs(ids).cpu()
+            for row, i in enumerate(group):
+                out[i] = lp[row, : len(samples[i].token_ids) - 1]
+        return out  # type: ignore[return-value]
+
+    # -- one optimizer step ----------------------------------------------------------------------------
+
+    def step(self, samples: list[Sample], advantages: list[float], sft: bool = False) -> dict[str, Any]:
+        """One optimizer step on `samples` (advantage per sample); with `sft`, maximise the
+        likelihood of the masked tokens instead. Returns metrics, including the sampler/trainer
+        log-prob gap on samples made by the current weights."""
+        if not samples:
+            raise ValueError("a step needs at least one sample")
+        t0 = time.monotonic()
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        total_tokens = sum(max(0, sum(s.mask[1:])) for s in samples) or 1
+        n_seqs = len(samples)
+        gaps: list[torch.Tensor] = []
+        stale_gaps: list[torch.Tensor] = []
+        sums: dict[str, float] = {}
+        loss_total = 0.0
+        for group in micro_batches(samples, self.config.micro_batch_tokens):
+            mb = [samples[i] for i in group]
+            ids, mask, slp = pad(mb, self.device)
+            logp_BT = self._token_logprobs(ids)
+            mask_BT, slp_BT = mask[:, 1:], slp[:, 1:]
+            if sft:
+                loss = -(logp_BT * mask_BT).sum() / total_tokens
+                metrics: dict[str, float] = {}
+            else:
+                adv_B = torch.tensor([advantages[i] for i in group], dtype=torch.float32, device=self.device)
+                loss, metrics = policy_loss(logp_BT, slp_BT, adv_B, mask_BT, self._loss_config(n_seqs))
+                loss = loss * self._scale(mask_BT, len(mb), total_tokens, n_seqs)
+            loss.backward()
+            loss_total += float(loss.detach())
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + float(v) * len(mb) / n_seqs
+            diff = (logp_BT.detach() - slp_BT).abs()
+            for row, s in enumerate(mb):
+                d = diff[row][mask_BT[row] > 0]
+                (gaps if s.min_version == self.policy_version and max(s.versions) == self.policy_version
+                 else stale_gaps).append(d)
+        c = self.config
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, c.grad_clip if c.grad_clip > 0 else math.inf)
+        self.optimizer.step()
+        self.step_count += 1
+        self.policy_version += 1
+        out = {"loss": loss_total, "grad_norm": float(grad_norm), "samples": n_seqs, "train_tokens": total_tokens,
+               "train_s": round(time.monotonic() - t0, 4)}
+        out |= {f"loss_{k}": v for k, v in sums.items()}
+        fresh = torch.cat(gaps) if gaps else torch.empty(0)
+        stale = torch.cat(stale_gaps) if stale_gaps else torch.empty(0)
+        if fresh.numel():
+            out |= {"logprob_gap_max": float(fresh.max()), "logprob_gap_mean": float(fresh.mean())}
+        if stale.numel():
+            out |= {"stale_logprob_gap_mean": float(stale.mean())}
+        return out
+
+    def _loss_config(self, n_seqs: int) -> LossConfig:
+        if self.loss.aggregation == "token_sum" and self.loss.normalizer is None:
+            from dataclasses import replace
+
+            return replace(self.loss, normalizer=float(n_seqs * 1024))
+        return self.loss
+
+    def _scale(self, mask_BT: torch.Tensor, n_mb: int, total_tokens: int, n_seqs: int) -> float:
+        """Weight of one micro-batch so that the micro-batch losses sum to the whole batch's loss."""
+        agg = self.loss.aggregation
+        if agg == "token_mean":
+            return float(mask_BT.sum()) / total_tokens
+        if agg == "seq_mean":
+            return n_mb / n_seqs
+        return 1.0  # token_sum: a constant normaliser already
+
+    # -- checkpoints -----------------------------------------------------------------------------------
+
+    def save(self, out_dir: str | Path, *, state: dict[str, Any] | None = None, resumable: bool = True) -> Path:
+        """The serving folder for the current weights (policy version included), and with
+        `resumable` the optimizer, masters, RNG and `state` (the caller's data position)."""
+        training = {"optimizer": self.optimizer,
+                    "state": {"step": self.step_count, "policy_version": self.policy_version, **(state or {})}}
+        return save_policy(self.model, self.base_dir, out_dir, policy_version=self.policy_version,
+                           step=self.step_count, mxfp8_experts=self.config.mxfp8_experts,
+                           training=training if resumable else None)
+
+    def resume(self, ckpt_dir: str | Path) -> dict[str, Any]:
+        state = load_training(ckpt_dir, self.model, self.optimizer)
+        self.step_count, self.policy_version = int(state["step"]), int(state["policy_version"])
+        return state
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
