@@ -1,0 +1,221 @@
+"""`composer-train`: RL and SFT on trajectories recorded through the deployed harness. Flags live here only.
+
+    composer-train rl --model DIR --tasks TASKS.jsonl --out RUN [--steps N --max-staleness 1 ...] [--resume]
+    composer-train sft --model DIR --out OUT SESSION.jsonl|DIR ...
+    composer-train check SESSION.jsonl --model DIR
+
+Exit codes: 0 done, 1 a check failed, 2 bad usage or input (the message says which).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tomllib
+from pathlib import Path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="composer-train", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    rl = sub.add_parser("rl", help="reinforcement learning through the real agent loop")
+    rl.add_argument("--model", required=True, help="starting checkpoint (Hugging Face layout)")
+    rl.add_argument("--tasks", required=True, help="tasks JSONL (id, workspace, prompt, verify, limits)")
+    rl.add_argument("--out", required=True, help="run folder (metrics, trajectories, checkpoints)")
+    rl.add_argument("--steps", type=int, default=10)
+    rl.add_argument("--group-size", type=int, default=4, help="episodes per task per step (default 4)")
+    rl.add_argument("--groups-per-step", type=int, default=2, help="tasks per step (default 2)")
+    rl.add_argument("--max-staleness", type=int, default=1,
+                    help="use an episode at step s only if s - its policy version <= this (0 = synchronous)")
+    rl.add_argument("--workers", type=int, default=4, help="episodes run at once (default 4)")
+    rl.add_argument("--lr", type=float, default=1e-5)
+    rl.add_argument("--seed", type=int, default=0)
+    rl.add_argument("--temperature", type=float, default=1.0)
+    rl.add_argument("--max-output-tokens", type=int, default=256, help="max_tokens per model request")
+    rl.add_argument("--save-every", type=int, default=5, help="resumable checkpoint every N steps")
+    rl.add_argument("--advantage", choices=["grpo", "rloo"], default="grpo")
+    rl.add_argument("--aggregation", choices=["token_sum", "token_mean", "seq_mean"], default="token_sum")
+    rl.add_argument("--no-mxfp8", action="store_true", help="train and save experts in full precision")
+    rl.add_argument("--config", help="TOML with [loss] and [reward] tables (fields of LossConfig, RewardConfig)")
+    rl.add_argument("--base-url", help="sample from this server instead of launching composer-serve "
+                    "(it must support /v1/load_weights and see the run folder)")
+    rl.add_argument("--api-key", help="the --base-url server's key")
+    rl.add_argument("--resume", action="store_true", help="continue from the run folder's last checkpoint")
+
+    sft = sub.add_parser("sft", help="supervised fine-tuning on recorded trajectories (their sampled tokens)")
+    sft.add_argument("sessions", nargs="+", help="session JSONL files or folders of them")
+    sft.add_argument("--model", required=True)
+    sft.add_argument("--out", required=True, help="checkpoint folder to write")
+    sft.add_argument("--epochs", type=int, default=1)
+    sft.add_argument("--batch", type=int, default=8, help="samples per optimizer step")
+    sft.add_argument("--lr", type=float, default=1e-4)
+    sft.add_argument("--seed", type=int, default=0)
+    sft.add_argument("--no-mxfp8", action="store_true")
+
+    chk = sub.add_parser("check", help="verify a trajectory is token-exact for a model; report the log-prob gap")
+    chk.add_argument("session", help="session JSONL recorded with --record-tokens")
+    chk.add_argument("--model", required=True, help="the checkpoint that served it")
+    chk.add_argument("--tolerance", type=float, default=1e-3, help="largest acceptable log-prob gap (default 1e-3)")
+    chk.add_argument("--no-mxfp8", action="store_true", help="the server ran full-precision experts")
+    chk.add_argument("--json", action="store_true", help="print the report as JSON")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return {"rl": _rl, "sft": _sft, "check": _check}[args.command](args)
+    except (ValueError, FileNotFoundError) as e:  # bad input: a clear message, no traceback
+        print(f"composer-train: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _model_dir(path: str) -> Path:
+    d = Path(path)
+    if not (d / "config.json").is_file():
+        raise ValueError(f"{path} is not a checkpoint folder (no config.json)")
+    return d
+
+
+def _rl(args) -> int:
+    from agent.tasks import load_tasks
+    from train.algo import LossConfig
+    from train.rewards import RewardConfig
+    from train.rl import RLConfig, run
+    from train.trainer import TrainerConfig
+
+    extra = tomllib.loads(Path(args.config).read_text()) if args.config else {}
+    unknown = set(extra) - {"loss", "reward"}
+    if unknown:
+        raise ValueError(f"{args.config}: unknown tables {sorted(unknown)} (expected [loss], [reward])")
+    loss = LossConfig(**{"advantage": args.advantage, "aggregation": args.aggregation, **extra.get("loss", {})})
+    reward = RewardConfig.from_dict(extra.get("reward", {}))
+    cfg = RLConfig(steps=args.steps, group_size=args.group_size, groups_per_step=args.groups_per_step,
+                   max_staleness=args.max_staleness, workers=args.workers, seed=args.seed,
+                   save_every=args.save_every, temperature=args.temperature, max_output_tokens=args.max_output_tokens)
+    trainer = TrainerConfig(lr=args.lr, seed=args.seed, mxfp8_experts=not args.no_mxfp8)
+    history = run(_model_dir(args.model), load_tasks(args.tasks), args.out, cfg, trainer_cfg=trainer, loss=loss,
+                  reward=reward, resume=args.resume, base_url=args.base_url, api_key=args.api_key)
+    last = history[-1] if history else {}
+    print(f"composer-train: {len(history)} steps; last reward {last.get('reward_mean')}, pass rate "
+          f"{last.get('pass_rate')}; metrics in {Path(args.out) / 'metrics.jsonl'}")
+    return 0
+
+
+def _session_files(paths: list[str]) -> list[Path]:
+    files: list[Path] = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files += sorted(p.rglob("*.jsonl"))
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise FileNotFoundError(f"{p} does not exist")
+    if not files:
+        raise ValueError("no session files given")
+    return files
+
+
+def _sft(args) -> int:
+    import random
+
+    from agent.session import load
+    from agent.tools import default_registry
+    from train.progress import Progress
+    from train.samples import build_samples
+    from train.trainer import Trainer, TrainerConfig
+
+    model = _model_dir(args.model)
+    spec_hash = default_registry().spec_hash()
+    samples = [s for f in _session_files(args.sessions) for s in build_samples(load(f), spec_hash=spec_hash)]
+    if not samples:
+        raise ValueError("the sessions hold no sampled tokens to train on")
+    trainer = Trainer(model, TrainerConfig(lr=args.lr, seed=args.seed, mxfp8_experts=not args.no_mxfp8))
+    rng = random.Random(args.seed)
+    steps = args.epochs * -(-len(samples) // args.batch)
+    progress = Progress(steps, label="sft step")
+    step = 0
+    for _ in range(args.epochs):
+        order = list(range(len(samples)))
+        rng.shuffle(order)
+        for i in range(0, len(order), args.batch):
+            batch = [samples[j] for j in order[i: i + args.batch]]
+            m = trainer.step(batch, [0.0] * len(batch), sft=True)
+            progress.update({"step": step, **m})
+            step += 1
+    progress.close()
+    trainer.save(args.out, state={"sft_steps": step})
+    print(f"composer-train: {step} SFT steps on {len(samples)} samples; wrote {args.out}")
+    return 0
+
+
+def _check(args) -> int:
+    from agent.session import load
+    from serve.chat_format import ChatFormat
+    from train.checkpoint import read_policy
+    from train.samples import TrajectoryError, build_samples, token_requests
+    from train.trainer import Trainer, TrainerConfig
+
+    model = _model_dir(args.model)
+    data = load(Path(args.session))
+    chat = ChatFormat(model)
+    report: dict = {"session": args.session, "model": str(model)}
+    ok = True
+    try:
+        samples = build_samples(data, chat=chat)
+        report["token_identity"] = "ok: every prompt equals the chat format's rendering of its messages"
+    except TrajectoryError as e:
+        report["token_identity"] = f"FAILED: {e}"
+        ok = False
+        samples = []
+    decode_bad = []
+    for rec, _ in token_requests(data) if ok else []:
+        text = chat.decode(rec["completion_token_ids"])
+        msg = _assistant_after(data, rec)
+        if msg is not None and (msg.get("content") or "").strip() not in text:
+            decode_bad.append(rec.get("turn"))
+    report["completion_decode"] = "ok" if not decode_bad else f"FAILED at turns {decode_bad}"
+    ok = ok and not decode_bad
+    report |= {"requests": sum(s.requests for s in samples), "segments": len(samples),
+               "sampled_tokens": sum(s.sampled_tokens for s in samples)}
+    if samples:
+        import torch
+
+        trainer = Trainer(model, TrainerConfig(mxfp8_experts=not args.no_mxfp8))
+        gaps = []
+        for s, lp in zip(samples, trainer.logprobs(samples), strict=True):
+            m = torch.tensor(s.mask[1:]) > 0
+            gaps.append((lp[m] - torch.tensor(s.sampler_logprobs[1:])[m]).abs())
+        g = torch.cat(gaps)
+        versions = sorted({v for s in samples for v in s.versions})
+        model_version = int(read_policy(model).get("policy_version", 0))
+        report |= {"logprob_gap_max": float(g.max()), "logprob_gap_mean": float(g.mean()),
+                   "sampled_by_versions": versions, "model_version": model_version}
+        if versions == [model_version] and float(g.max()) > args.tolerance:
+            ok = False
+    report["ok"] = ok
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        for k, v in report.items():
+            print(f"{k:>20}: {v}")
+    return 0 if ok else 1
+
+
+def _assistant_after(data, rec) -> dict | None:
+    """The assistant message a turn request produced (the message recorded right after it)."""
+    if rec.get("purpose") != "turn":
+        return None
+    seen = False
+    for r in data.records:
+        if r is rec:
+            seen = True
+        elif seen and r["type"] == "message" and r["message"].get("role") == "assistant":
+            return r["message"]
+    return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

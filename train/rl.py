@@ -1,0 +1,261 @@
+"""The RL run: rollouts through the real harness, group-relative advantages, a trainer step, weight
+sync — asynchronously, with bounded staleness.
+
+Batch k (the data of optimizer step k) is `groups_per_step` tasks x `group_size` episodes. A dispatcher
+thread starts batch k's episodes once the server runs policy version >= k - max_staleness, so with
+--max-staleness 0 rollouts wait for every new policy (synchronous) and with 1 the next batch is
+sampled while the trainer trains on this one. At step s an episode is used only if
+s - (the oldest policy version among its requests) <= max_staleness; older ones are dropped and
+counted. Episodes that failed for infrastructure reasons are masked out and counted, never scored.
+
+Tasks of batch k are a function of (seed, k) alone, so the data position is just the next step and a
+resumed run sees the same task order. Everything a run writes is under --out: metrics.jsonl (one line
+per step) and metrics.png, episodes.jsonl, trajectories/, policy/ (the weights being served) and
+checkpoints/step-N (serving folder + optimizer/RNG state, what --resume restarts from).
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import random
+import shutil
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agent.tasks import Task
+from agent.tools import default_registry
+from train.algo import LossConfig, group_advantages
+from train.progress import Progress
+from train.rewards import RewardConfig, compose
+from train.rollout import Episode, RolloutConfig, describe, run_episode
+from train.server import Server, launch
+from train.trainer import Trainer, TrainerConfig
+
+
+@dataclass
+class RLConfig:
+    steps: int = 10
+    """Optimizer steps."""
+    group_size: int = 4
+    """Episodes per task per step (the group of group-relative advantages)."""
+    groups_per_step: int = 2
+    """Tasks per step."""
+    max_staleness: int = 1
+    """Use an episode at step s only if s - its policy version <= this (0 = synchronous)."""
+    workers: int = 4
+    """Episodes run at once."""
+    seed: int = 0
+    """Task order and trainer initialisation."""
+    save_every: int = 5
+    """Write a resumable checkpoint every this many steps (and at the end)."""
+    temperature: float = 1.0
+    max_output_tokens: int = 256
+    """max_tokens of each model request."""
+    server_args: list[str] = field(default_factory=lambda: ["--dtype", "float32"])
+    """Extra composer-serve flags when the run launches its own server."""
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.group_size < 1 or self.groups_per_step < 1 or self.workers < 1:
+            raise ValueError("steps, group_size, groups_per_step and workers must be at least 1")
+        if self.max_staleness < 0:
+            raise ValueError("max_staleness must be >= 0")
+
+
+def tasks_for_batch(tasks: list[Task], k: int, n: int, seed: int) -> list[Task]:
+    """The tasks of batch k: epochs of a seeded shuffle, read n at a time (a function of k alone)."""
+    out = []
+    for j in range(k * n, (k + 1) * n):
+        epoch, i = divmod(j, len(tasks))
+        order = list(range(len(tasks)))
+        random.Random(seed * 1_000_003 + epoch).shuffle(order)
+        out.append(tasks[order[i]])
+    return out
+
+
+class Rollouts:
+    """Worker threads running episodes; batches released by the staleness gate."""
+
+    def __init__(self, tasks: list[Task], cfg: RLConfig, rollout: RolloutConfig, reward_fn, out: Path,
+                 first_batch: int, version: int, spec_hash: str):
+        self.tasks, self.cfg, self.rollout, self.reward_fn, self.out = tasks, cfg, rollout, reward_fn, out
+        self.spec_hash = spec_hash
+        self.version = version
+        self.cond = threading.Condition()
+        self.done: dict[int, list[Episode]] = {}
+        self.started: dict[int, float] = {}
+        self.finished_at: dict[int, float] = {}
+        self.jobs: queue.Queue = queue.Queue()
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self._dispatch, args=(first_batch,), daemon=True, name="dispatch")]
+        self.threads += [threading.Thread(target=self._work, daemon=True, name=f"rollout-{i}") for i in range(cfg.workers)]
+        for t in self.threads:
+            t.start()
+
+    def set_version(self, v: int) -> None:
+        with self.cond:
+            self.version = v
+            self.cond.notify_all()
+
+    def _dispatch(self, k: int) -> None:
+        while not self.stop.is_set() and k < self.cfg.steps:
+            with self.cond:
+                while self.version < k - self.cfg.max_staleness and not self.stop.is_set():
+                    self.cond.wait(0.5)
+                self.started[k] = time.monotonic()
+            for g, task in enumerate(tasks_for_batch(self.tasks, k, self.cfg.groups_per_step, self.cfg.seed)):
+                for _ in range(self.cfg.group_size):
+                    self.jobs.put((k, g, task))
+            k += 1
+
+    def _work(self) -> None:
+        while not self.stop.is_set():
+            try:
+                k, g, task = self.jobs.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            ep = run_episode(task, g, self.rollout, self.reward_fn, keep_dir=self.out / "trajectories" / f"batch-{k}",
+                             spec_hash=self.spec_hash)
+            with self.cond:
+                self.done.setdefault(k, []).append(ep)
+                if len(self.done[k]) == self.cfg.group_size * self.cfg.groups_per_step:
+                    self.finished_at[k] = time.monotonic()
+                self.cond.notify_all()
+
+    def batch(self, k: int) -> tuple[list[Episode], float]:
+        """Batch k's episodes once all have finished, and its rollout wall time."""
+        want = self.cfg.group_size * self.cfg.groups_per_step
+        with self.cond:
+            while len(self.done.get(k, [])) < want:
+                self.cond.wait(0.5)
+            return self.done.pop(k), self.finished_at[k] - self.started[k]
+
+    def close(self) -> None:
+        self.stop.set()
+        with self.cond:
+            self.cond.notify_all()
+
+
+def advantages_for(episodes: list[Episode], step: int, cfg: RLConfig, loss: LossConfig
+                   ) -> tuple[list, list[float], dict[str, int]]:
+    """(samples, advantage per sample, counts) after masking infra failures and stale episodes."""
+    counts = {"infra_masked": 0, "dropped_stale": 0, "groups_skipped": 0}
+    usable: list[Episode] = []
+    for ep in episodes:
+        if ep.infra_error or not ep.samples:
+            counts["infra_masked"] += 1
+        elif step - ep.min_version > cfg.max_staleness:
+            counts["dropped_stale"] += 1
+        else:
+            usable.append(ep)
+    by_group: dict[int, list[Episode]] = {}
+    for ep in usable:
+        by_group.setdefault(ep.group, []).append(ep)
+    samples, advs = [], []
+    for group in by_group.values():
+        if len(group) < 2:
+            counts["groups_skipped"] += 1
+            continue
+        rewards = torch.tensor([ep.reward for ep in group], dtype=torch.float32)
+        a = group_advantages(rewards, torch.zeros(len(group), dtype=torch.long), mode=loss.advantage,
+                             std_normalize=loss.std_normalize)
+        for ep, adv in zip(group, a.tolist(), strict=True):
+            for s in ep.samples:
+                samples.append(s)
+                advs.append(adv)
+    return samples, advs, counts
+
+
+def latest_checkpoint(out: Path) -> Path | None:
+    ckpts = sorted((out / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
+    return ckpts[-1] if ckpts else None
+
+
+def run(model_dir: str | Path, tasks: list[Task], out: str | Path, cfg: RLConfig, *,
+        trainer_cfg: TrainerConfig | None = None, loss: LossConfig | None = None,
+        reward: RewardConfig | None = None, resume: bool = False, base_url: str | None = None,
+        api_key: str | None = None, served_name: str = "policy", progress: Progress | None = None) -> list[dict]:
+    """Run RL; returns the metrics of every step (also in OUT/metrics.jsonl)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    loss = loss or LossConfig()
+    trainer = Trainer(model_dir, trainer_cfg or TrainerConfig(seed=cfg.seed), loss)
+    first = 0
+    serve_from = Path(model_dir)
+    ckpt = latest_checkpoint(out) if resume else None
+    if resume and ckpt is None:
+        raise FileNotFoundError(f"--resume: no checkpoint in {out / 'checkpoints'}")
+    if ckpt is not None:
+        first = int(trainer.resume(ckpt)["next_batch"])
+        serve_from = ckpt
+    elif (out / "metrics.jsonl").exists():
+        (out / "metrics.jsonl").unlink()
+    server = (Server(base_url, served_name, api_key) if base_url
+              else launch(serve_from, *cfg.server_args, name=served_name, log_path=out / "server.log"))
+    if base_url and ckpt is not None:
+        server.load_weights(ckpt, trainer.policy_version)
+    rollout = RolloutConfig(server.base_url, server.model, server.api_key, cfg.temperature, cfg.max_output_tokens)
+    spec_hash = default_registry().spec_hash()
+    (out / "config.json").write_text(json.dumps({"rl": asdict(cfg), "trainer": asdict(trainer.config),
+                                                 "loss": asdict(loss), "reward": asdict(reward or RewardConfig()),
+                                                 "model": str(model_dir), "tasks": len(tasks)}, indent=2))
+    rollouts = Rollouts(tasks, cfg, rollout, compose(reward or RewardConfig()), out, first, trainer.policy_version,
+                        spec_hash)
+    progress = progress or Progress(cfg.steps, first)
+    history: list[dict] = []
+    try:
+        for step in range(first, cfg.steps):
+            t_wait = time.monotonic()
+            episodes, rollout_s = rollouts.batch(step)
+            wait_s = time.monotonic() - t_wait
+            with open(out / "episodes.jsonl", "a") as f:
+                for ep in episodes:
+                    f.write(json.dumps({"step": step, **describe(ep)}) + "\n")
+            samples, advs, counts = advantages_for(episodes, step, cfg, loss)
+            m: dict[str, Any] = {"step": step, "policy_version": trainer.policy_version}
+            m |= _episode_metrics(episodes, step) | counts
+            if samples:
+                m |= trainer.step(samples, advs)
+            else:  # nothing usable: keep versions moving so the staleness gate cannot deadlock
+                trainer.policy_version += 1
+                trainer.step_count += 1
+            t_sync = time.monotonic()
+            policy_dir = out / "policy" / f"v{trainer.policy_version}"
+            trainer.save(policy_dir, resumable=False)
+            server.load_weights(policy_dir, trainer.policy_version)
+            rollouts.set_version(trainer.policy_version)
+            for old in (out / "policy").glob("v*"):
+                if old != policy_dir:
+                    shutil.rmtree(old, ignore_errors=True)
+            m |= {"sync_s": round(time.monotonic() - t_sync, 3), "wait_s": round(wait_s, 3),
+                  "rollout_s": round(rollout_s, 3)}
+            if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
+                trainer.save(out / "checkpoints" / f"step-{step + 1}", state={"next_batch": step + 1})
+            history.append(m)
+            with open(out / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(m) + "\n")
+            progress.update(m)
+    finally:
+        rollouts.close()
+        progress.close()
+        if not base_url:
+            server.stop()
+    from train.plot import plot_metrics
+
+    plot_metrics(out / "metrics.jsonl", out / "metrics.png")
+    return history
+
+
+def _episode_metrics(episodes: list[Episode], step: int) -> dict[str, Any]:
+    scored = [ep for ep in episodes if not ep.infra_error]
+    n = max(1, len(scored))
+    return {"episodes": len(episodes), "reward_mean": round(sum(e.reward for e in scored) / n, 4),
+            "pass_rate": round(sum(e.passed for e in scored) / n, 4),
+            "completion_tokens": sum(e.completion_tokens for e in scored),
+            "staleness_mean": round(sum(step - e.min_version for e in scored) / n, 3),
+            "malformed_per_episode": round(sum((e.stats.malformed_tool_calls if e.stats else 0) for e in scored) / n, 3)}
