@@ -1,0 +1,101 @@
+"""The trainer against a real composer-serve: equal log-probs at equal weights, checkpoints that serve,
+resume that continues bit for bit, and an export transformers loads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agent.tasks import Task
+from tests.serve.conftest import start_server
+from train.rollout import RolloutConfig, run_episode
+from train.trainer import Trainer, TrainerConfig
+
+
+def rollout_samples(ckpt, workspace, n: int = 2):
+    srv = start_server(ckpt, "--served-model-name", "policy", "--dtype", "float32")
+    try:
+        task = Task("t", str(workspace), "say hello", "true", max_turns=2)
+        cfg = RolloutConfig(srv.base_url, "policy", max_output_tokens=32)
+        eps = [run_episode(task, 0, cfg) for _ in range(n)]
+    finally:
+        srv.stop()
+    assert all(ep.infra_error is None for ep in eps), [ep.infra_error for ep in eps]
+    return [s for ep in eps for s in ep.samples]
+
+
+@pytest.mark.parametrize("mxfp8", [False, True], ids=["fp32-experts", "mxfp8-experts"])
+def test_trainer_logprobs_equal_sampler_logprobs(tiny, tmp_path, mxfp8):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.py").write_text("x = 1\n")
+    served = tiny
+    if mxfp8:  # the checkpoint the trainer saves, experts stored in MXFP8, is what the server loads
+        served = Trainer(tiny, TrainerConfig(mxfp8_experts=True)).save(tmp_path / "mx", resumable=False)
+        assert (served / "composer_policy.json").exists()
+    samples = rollout_samples(served, ws)
+    assert sum(s.sampled_tokens for s in samples) > 20
+    trainer = Trainer(served, TrainerConfig(mxfp8_experts=mxfp8))
+    for s, lp in zip(samples, trainer.logprobs(samples), strict=True):
+        m = torch.tensor(s.mask[1:]) > 0
+        gap = (lp[m] - torch.tensor(s.sampler_logprobs[1:])[m]).abs()
+        assert float(gap.max()) <= 1e-4, float(gap.max())
+    m = trainer.step(samples, [1.0, -1.0] * (len(samples) // 2) + [0.5] * (len(samples) % 2))
+    assert m["logprob_gap_max"] <= 1e-4 and trainer.policy_version == 1
+
+
+def fixed_samples(tiny):
+    from serve.chat_format import ChatFormat
+    from train.samples import Sample
+
+    chat = ChatFormat(tiny)
+    out = []
+    for i, text in enumerate(["def add(a, b):\n    return a + b\n", "import os\nprint(os.getcwd())\n",
+                              "class A:\n    pass\n"]):
+        s = Sample("e", i)
+        s.extend(chat.encode("<|im_start|>user\nwrite code<|im_end|>\n<|im_start|>assistant\n"), sampled=False)
+        ids = chat.encode(text)
+        s.extend(ids, sampled=True, logprobs=[-2.0] * len(ids))
+        s.versions = [0]
+        out.append(s)
+    return out
+
+
+def test_resume_continues_bit_for_bit(tiny, tmp_path):
+    samples, advs = fixed_samples(tiny), [1.0, -0.5, -0.5]
+    straight = Trainer(tiny, TrainerConfig(lr=1e-3))
+    for _ in range(3):
+        straight.step(samples, advs)
+    first = Trainer(tiny, TrainerConfig(lr=1e-3))
+    first.step(samples, advs)
+    ckpt = first.save(tmp_path / "step-1", state={"next_batch": 1})
+    resumed = Trainer(tiny, TrainerConfig(lr=1e-3))
+    assert resumed.resume(ckpt)["next_batch"] == 1 and resumed.policy_version == 1
+    for _ in range(2):
+        resumed.step(samples, advs)
+    before = dict(Trainer(tiny, TrainerConfig()).model.named_parameters())
+    changed = 0
+    for (name, a), (_, b) in zip(straight.model.named_parameters(), resumed.model.named_parameters(), strict=True):
+        assert torch.equal(a, b), name
+        changed += not torch.equal(a, before[name])
+    assert changed > 0
+
+
+def test_export_loads_in_transformers_and_matches(tiny, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from train.checkpoint import export_hf
+
+    trainer = Trainer(tiny, TrainerConfig(lr=1e-3))
+    samples = fixed_samples(tiny)
+    trainer.step(samples, [1.0, -0.5, -0.5])
+    out = export_hf(trainer.model, tiny, tmp_path / "hf", dtype=torch.float32)
+    hf = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    ids = torch.tensor([samples[0].token_ids])
+    with torch.no_grad():
+        ours = trainer.model.forward_train(ids)
+        theirs = hf(ids).logits
+    assert (ours - theirs).abs().max() < 1e-3
+    out16 = export_hf(trainer.model, tiny, tmp_path / "hf16")  # bf16 by default
+    hf16 = AutoModelForCausalLM.from_pretrained(out16)
+    assert next(hf16.parameters()).dtype == torch.bfloat16
