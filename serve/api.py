@@ -1,13 +1,16 @@
-"""The OpenAI-compatible HTTP API: /health, /v1/models, /v1/chat/completions, /v1/completions, /metrics.
+"""The OpenAI-compatible HTTP API: /health, /v1/models, /v1/chat/completions, /v1/completions, /metrics,
+and /v1/load_weights (RL training: serve a new checkpoint in place, under a new policy version).
 
 Every error is OpenAI-shaped (`{"error": {"message", "type", "param", "code"}}`): 400 for invalid
 requests (including prompts longer than the model), 401 for a missing or wrong key when one is set,
-404 for unknown models and routes. Handlers for the two completion endpoints are in serve/chat_api.py
-and serve/text_api.py; this module holds the app, auth, shared request checks and errors.
+404 for unknown models and routes, 503 for a request aborted by a weight load. Handlers for the two
+completion endpoints are in serve/chat_api.py and serve/text_api.py; this module holds the app, auth,
+shared request checks and errors.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import secrets
 import time
 from contextlib import asynccontextmanager
@@ -22,8 +25,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serve.chat_format import ChatFormat
 from serve.engine.base import Engine, SamplingParams
+from serve.engine.weights import RequestAborted, WeightLoadError
 from serve.metrics import Metrics
-from serve.schemas import APIError, ChatCompletionRequest, CompletionRequest, validation_message
+from serve.schemas import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    LoadWeightsRequest,
+    validation_message,
+)
 
 
 @dataclass
@@ -34,11 +44,26 @@ class ServerState:
     max_model_len: int
     api_key: str | None = None
     model_path: str = ""
+    host: str = "127.0.0.1"
     created: int = field(default_factory=lambda: int(time.time()))
     metrics: Metrics = field(init=False)
 
     def __post_init__(self) -> None:
         self.metrics = Metrics(self.engine.stats)
+
+    def admin_open(self) -> bool:
+        """Whether an admin call without a key is acceptable: only on a loopback-only server."""
+        if self.api_key:
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return self.host == "localhost"
+
+    def response_version(self, versions: list[int | None]) -> int:
+        """The policy version of a response: its choices' (all equal: they reach the engine in consecutive
+        event-loop steps, so no load command can fall between them), else, if no token came, the current."""
+        return next((v for v in versions if v is not None), self.engine.policy_version)
 
     def check_model(self, name: str) -> None:
         if name != self.served_name:
@@ -75,6 +100,13 @@ def request_id(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(12)}"
 
 
+def engine_error(e: Exception) -> APIError:
+    """What a failed generation tells its client (in a stream: as an error event)."""
+    if isinstance(e, RequestAborted):
+        return APIError(503, str(e), type="server_error", code="weights_reloaded")
+    return APIError(500, str(e), type="server_error")
+
+
 def create_app(state: ServerState) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -100,6 +132,12 @@ def create_app(state: ServerState) -> FastAPI:
         state.metrics.requests.labels(request.url.path, "400").inc()
         return JSONResponse(APIError(400, message, param=param).body(), status_code=400)
 
+    @app.exception_handler(RequestAborted)
+    async def _aborted(request: Request, e: RequestAborted):
+        err = engine_error(e)
+        state.metrics.requests.labels(request.url.path, str(err.status)).inc()
+        return JSONResponse(err.body(), status_code=err.status)
+
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, e: StarletteHTTPException):
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
@@ -112,8 +150,8 @@ def create_app(state: ServerState) -> FastAPI:
                             status_code=500)
 
     @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "policy_version": state.engine.policy_version}
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -121,7 +159,8 @@ def create_app(state: ServerState) -> FastAPI:
 
     def model_card() -> dict[str, Any]:
         return {"id": state.served_name, "object": "model", "created": state.created, "owned_by": "composer",
-                "root": state.model_path, "max_model_len": state.max_model_len}
+                "root": state.model_path, "max_model_len": state.max_model_len,
+                "policy_version": state.engine.policy_version}
 
     @app.get("/v1/models", dependencies=[Depends(auth)])
     async def models() -> dict[str, Any]:
@@ -143,5 +182,18 @@ def create_app(state: ServerState) -> FastAPI:
         from serve.text_api import text_completion
 
         return await text_completion(state, body, request)
+
+    @app.post("/v1/load_weights", dependencies=[Depends(auth)])
+    async def load_weights(body: LoadWeightsRequest) -> dict[str, Any]:
+        if not state.admin_open():
+            raise APIError(403, f"loading weights is an admin action and this server listens on {state.host} "
+                                "without a key: restart it with --api-key", code="api_key_required")
+        try:
+            r = await state.engine.load_weights(body.path, body.policy_version, body.abort_in_flight)
+        except WeightLoadError as e:
+            raise APIError(400, str(e), param=e.param) from None
+        state.metrics.requests.labels("/v1/load_weights", "200").inc()
+        return {"policy_version": r.policy_version, "load_s": round(r.load_s, 4), "wait_s": round(r.wait_s, 4),
+                "aborted": r.aborted}
 
     return app

@@ -6,7 +6,9 @@ prompt (`ChatFormat.forced_call_prefix`), so the model can only continue a call 
 a grammar engine (the model may still write malformed arguments, which then come back as content).
 parallel_tool_calls=false keeps the first call and stops generating after it.
 Streaming emits content and reasoning deltas as they become certain and each tool call whole, as soon
-as its closing tag arrives.
+as its closing tag arrives. Every body and chunk carries `policy_version`, the version of the weights
+that generated the tokens; it is known once the engine has taken the request, so a stream's first
+chunk (the role) waits for the first token.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from serve.api import ServerState, request_id
+from serve.api import ServerState, engine_error, request_id
 from serve.chat_format import ChatFormatError
 from serve.engine.base import SamplingParams
 from serve.generation import Finish, run_choice
@@ -52,6 +54,7 @@ class ChoiceOut:
     tops: list[list[tuple[int, float]] | None] = field(default_factory=list)
     finish_reason: str = "stop"
     completion_tokens: int = 0
+    policy_version: int | None = None
 
 
 def prepare(state: ServerState, req: ChatCompletionRequest) -> Prepared:
@@ -84,7 +87,8 @@ def prepare(state: ServerState, req: ChatCompletionRequest) -> Prepared:
 
 async def choice_events(state: ServerState, p: Prepared, params: SamplingParams, request: Request
                         ) -> AsyncIterator[tuple[str, Any]]:
-    """("content"|"reasoning", text), ("tool_call", dict), ("tokens", (ids, logprobs)), ("finish", ChoiceOut)."""
+    """("content"|"reasoning", text), ("tool_call", dict), ("tokens", (ids, logprobs, tops, policy version)),
+    ("finish", ChoiceOut)."""
     parser = state.chat.stream_parser(p.tools, parse_tools=p.tools is not None, prompt_text=p.prompt_text)
     out = ChoiceOut()
     pending = parser.feed(p.prefix) if p.prefix else []
@@ -93,13 +97,15 @@ async def choice_events(state: ServerState, p: Prepared, params: SamplingParams,
     stop_early = False
     try:
         async for piece in gen:
+            if piece.policy_version is not None:
+                out.policy_version = piece.policy_version
             if isinstance(piece, Finish):
                 out.finish_reason, out.completion_tokens = piece.reason, piece.completion_tokens
                 break
             out.token_ids += piece.token_ids
             out.logprobs += piece.logprobs
             out.tops += piece.tops
-            yield "tokens", (piece.token_ids, piece.logprobs, piece.tops)
+            yield "tokens", (piece.token_ids, piece.logprobs, piece.tops, piece.policy_version)
             for item in pending + (parser.feed(piece.text) if piece.text else []):
                 if stop_early:
                     break
@@ -165,6 +171,7 @@ async def chat_completion(state: ServerState, req: ChatCompletionRequest, reques
         choices.append(choice)
     completion = sum(o.completion_tokens for o in outs)
     body: dict[str, Any] = {"id": rid, "object": "chat.completion", "created": created, "model": state.served_name,
+                            "policy_version": state.response_version([o.policy_version for o in outs]),
                             "choices": choices, "usage": usage(len(p.prompt_ids), completion)}
     if req.return_token_ids:
         body["prompt_token_ids"] = p.prompt_ids
@@ -206,6 +213,7 @@ async def _stream(state: ServerState, req: ChatCompletionRequest, p: Prepared, r
 
     async def produce(i: int) -> None:
         calls = 0
+        announced = False  # the policy version of this choice's tokens, put on the queue at its first token
         ids: list[int] = []  # tokens since the last chunk (return_token_ids)
         pending: list[list] = [[], [], []]  # ids, logprobs, tops since the last chunk (logprobs)
 
@@ -219,8 +227,11 @@ async def _stream(state: ServerState, req: ChatCompletionRequest, p: Prepared, r
         try:
             async for kind, value in choice_events(state, p, per_choice_params(p.params, i), request):
                 if kind == "tokens":
+                    if not announced:
+                        announced = True
+                        await queue.put(("version", value[3], 0))
                     ids += value[0]
-                    for acc, new in zip(pending, value, strict=True):
+                    for acc, new in zip(pending, value[:3], strict=True):
                         acc += new
                     continue
                 if kind == "finish":
@@ -244,21 +255,26 @@ async def _stream(state: ServerState, req: ChatCompletionRequest, p: Prepared, r
                     c["token_ids"], ids = ids, []
                 await queue.put(("chunk", c, 0))
         except Exception as e:  # noqa: BLE001 - reported in-stream: headers are already sent
-            await queue.put(("error", str(e), 0))
+            await queue.put(("error", (engine_error(e).body(), getattr(e, "policy_version", None)), 0))
 
     tasks = [asyncio.create_task(produce(i)) for i in range(req.n)]
     try:
         first: dict[str, Any] = {}
         if req.return_token_ids:
             first["prompt_token_ids"] = p.prompt_ids
-        yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                      "finish_reason": None} for i in range(req.n)], **first)
         done, completion = 0, 0
         while done < req.n:
             kind, value, n = await queue.get()
             if kind == "error":
-                yield f"data: {json.dumps(APIError(500, value, type='server_error').body())}\n\n".encode()
+                base.setdefault("policy_version", state.response_version([value[1]]))
+                yield f"data: {json.dumps(value[0])}\n\n".encode()
                 break
+            if "policy_version" not in base:  # the first token of any choice: now the role chunk can go
+                base["policy_version"] = state.response_version([value if kind == "version" else None])
+                yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                              "finish_reason": None} for i in range(req.n)], **first)
+            if kind == "version":  # equal for all choices: an engine takes them in one go
+                continue
             if kind == "done":
                 done += 1
                 completion += n

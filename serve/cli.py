@@ -27,7 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quant", choices=["auto", "none", "mxfp8"], default="auto",
                    help="expert weights (auto: mxfp8 on GPU, none on CPU; checkpoints stored in MXFP8 load as is)")
     p.add_argument("--served-model-name", help="name clients use (default: --model as given)")
-    p.add_argument("--api-key", help="require this Bearer key on /v1 requests")
+    p.add_argument("--api-key", help="require this Bearer key on /v1 requests (and, off loopback, allow "
+                   "POST /v1/load_weights at all)")
     p.add_argument("--max-model-len", type=int, help="context length (default: the checkpoint's)")
     p.add_argument("--tool-call-parser", choices=["hermes", "qwen3_coder"],
                    help="tool-call text format (default: detected from the chat template)")
@@ -80,8 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, OSError) as e:
             print(f"composer-serve: error: {e}", file=sys.stderr)
             return 2
-        state = ServerState(engine, chat, served, engine.max_model_len, args.api_key, str(model_dir))
+        state = ServerState(engine, chat, served, engine.max_model_len, args.api_key, str(model_dir), args.host)
         app = create_app(state)
+        note += f"; policy version {engine.policy_version}"
     print(f"composer-serve: serving {served} at http://{args.host}:{port}/v1 ({note})", flush=True)
     config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2)
     try:

@@ -3,6 +3,8 @@
 Both endpoints and both modes (streamed or not) consume `run_choice`, so token accounting, stop
 handling and cancellation live in one place. Leaving the iteration early (a client that went away,
 parallel_tool_calls=false after the first call) closes the engine's stream, which frees the slot.
+Pieces and the Finish carry the policy version of the weights that made the tokens (engines stamp it
+on each token), which is only known once the engine has taken the request.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class Piece:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float | None] = field(default_factory=list)
     tops: list[list[tuple[int, float]] | None] = field(default_factory=list)
+    policy_version: int | None = None
 
 
 @dataclass
@@ -31,6 +34,7 @@ class Finish:
     reason: str  # "stop" | "length"
     completion_tokens: int
     ttft_s: float
+    policy_version: int | None = None  # None when no token came
 
 
 async def run_choice(engine: Engine, tokenizer, prompt_ids: list[int], params: SamplingParams,
@@ -41,23 +45,25 @@ async def run_choice(engine: Engine, tokenizer, prompt_ids: list[int], params: S
     first: float | None = None
     n = 0
     reason = "length"
+    version: int | None = None
     stream = engine.generate(prompt_ids, params)
     try:
         async for tok in stream:
             n += 1
+            version = tok.policy_version
             if first is None:
                 first = time.monotonic()
             if tok.id in stop_ids:
                 reason = "stop"
-                yield Piece("", [tok.id], [tok.logprob], [tok.top])
+                yield Piece("", [tok.id], [tok.logprob], [tok.top], version)
                 break
-            yield Piece(detok.add(tok.id), [tok.id], [tok.logprob], [tok.top])
+            yield Piece(detok.add(tok.id), [tok.id], [tok.logprob], [tok.top], version)
             if detok.stopped:
                 reason = "stop"
                 break
         tail = detok.flush()
         if tail:
-            yield Piece(tail)
+            yield Piece(tail, policy_version=version)
     finally:
         await stream.aclose()
         if metrics is not None:
@@ -67,4 +73,4 @@ async def run_choice(engine: Engine, tokenizer, prompt_ids: list[int], params: S
                 metrics.ttft.observe(first - start)
                 if n > 1:
                     metrics.decode_rate.observe((n - 1) / max(1e-6, time.monotonic() - first))
-    yield Finish(reason, n, (first or time.monotonic()) - start)
+    yield Finish(reason, n, (first or time.monotonic()) - start, version)

@@ -1,4 +1,5 @@
-"""Prometheus metrics for /metrics: requests, tokens, time to first token, decode speed, queue, KV cache."""
+"""Prometheus metrics for /metrics: requests, tokens, time to first token, decode speed, queue, KV cache,
+policy version."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ class Metrics:
         self.waiting = Gauge("composer_requests_waiting", "Requests queued (queue depth)", registry=r)
         self.kv_usage = Gauge("composer_kv_cache_usage_ratio", "Fraction of KV-cache blocks in use", registry=r)
         self.prefix_hits = Gauge("composer_prefix_cache_hit_ratio", "Prefix-cache hits / queries", registry=r)
+        self.policy_version = Gauge("composer_policy_version", "Version of the weights serving now", registry=r)
         self._stats = stats
 
     def render(self) -> bytes:
@@ -41,5 +43,6 @@ class Metrics:
         self.running.set(s.running)
         self.waiting.set(s.waiting)
         self.kv_usage.set(s.kv_cache_usage)
+        self.policy_version.set(s.policy_version)
         self.prefix_hits.set(s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries else 0.0)
         return generate_latest(self.registry)

@@ -20,6 +20,12 @@ def create_proxy_app(upstream: str, api_key: str | None = None) -> FastAPI:
     app = FastAPI(title="composer-serve (proxy)", docs_url=None, redoc_url=None)
     client = httpx.AsyncClient(base_url=upstream, timeout=httpx.Timeout(None, connect=10.0))
 
+    @app.post("/v1/load_weights")
+    async def load_weights():  # vLLM has no in-place load of a new checkpoint behind this route
+        err = APIError(501, "engine vllm cannot load weights in place; use the native engine (--engine native)",
+                       type="server_error", code="not_implemented")
+        return JSONResponse(err.body(), status_code=501)
+
     @app.api_route("/{path:path}", methods=["GET", "POST"])
     async def forward(path: str, request: Request):
         if path.startswith("v1/") and api_key and request.headers.get("authorization") != f"Bearer {api_key}":

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
 
 
 class APIError(Exception):
@@ -122,6 +122,16 @@ class CompletionRequest(_Sampling):
         if all(isinstance(x, int) for x in p):
             return [list(p)]  # type: ignore[list-item]
         return list(p)  # type: ignore[arg-type]
+
+
+class LoadWeightsRequest(BaseModel):
+    """POST /v1/load_weights. Unlike the OpenAI bodies, unknown keys are refused: a misspelt
+    `abort_in_flight` silently ignored would change what happens to requests in flight."""
+
+    model_config = ConfigDict(extra="forbid")
+    path: str = Field(min_length=1)
+    policy_version: StrictInt | None = Field(default=None, ge=0)
+    abort_in_flight: StrictBool = False
 
 
 def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:

@@ -1,4 +1,7 @@
-"""POST /v1/completions: raw text (or token ids) in, text out; no chat template, no tool parsing."""
+"""POST /v1/completions: raw text (or token ids) in, text out; no chat template, no tool parsing.
+
+Bodies and chunks carry `policy_version`, known at the first generated token: a stream holds the
+chunks before it (the echoed prompt) until then."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from serve.api import ServerState, request_id
+from serve.api import ServerState, engine_error, request_id
 from serve.chat_api import per_choice_params, usage
 from serve.generation import Finish, Piece, run_choice
 from serve.schemas import APIError, CompletionRequest
@@ -39,8 +42,9 @@ async def text_completion(state: ServerState, req: CompletionRequest, request: R
         return StreamingResponse(_stream(state, req, jobs, base, prompt_tokens, include_usage),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     results = await asyncio.gather(*(_collect(state, req, job) for job in jobs))
-    choices = [c for c, _ in results]
-    body: dict[str, Any] = base | {"choices": choices, "usage": usage(prompt_tokens, sum(n for _, n in results))}
+    choices = [c for c, _, _ in results]
+    body: dict[str, Any] = base | {"policy_version": state.response_version([v for _, _, v in results]),
+                                   "choices": choices, "usage": usage(prompt_tokens, sum(n for _, n, _ in results))}
     if req.return_token_ids:
         body["prompt_token_ids"] = [ids for _, ids, _, _ in jobs[:: req.n]]
     state.metrics.requests.labels("/v1/completions", "200").inc()
@@ -62,13 +66,14 @@ def _legacy_logprobs(state: ServerState, pieces: list[Piece], offset: int) -> di
     return out
 
 
-async def _collect(state: ServerState, req: CompletionRequest, job) -> tuple[dict[str, Any], int]:
+async def _collect(state: ServerState, req: CompletionRequest, job) -> tuple[dict[str, Any], int, int | None]:
+    """(choice, completion tokens, policy version)."""
     index, ids, text, params = job
     pieces: list[Piece] = []
-    finish, n = "length", 0
+    finish, n, version = "length", 0, None
     async for piece in run_choice(state.engine, state.chat.tokenizer, ids, params, req.stop_list(), state.metrics):
         if isinstance(piece, Finish):
-            finish, n = piece.reason, piece.completion_tokens
+            finish, n, version = piece.reason, piece.completion_tokens, piece.policy_version
         else:
             pieces.append(piece)
     token_ids = [t for p in pieces for t in p.token_ids]
@@ -78,7 +83,7 @@ async def _collect(state: ServerState, req: CompletionRequest, job) -> tuple[dic
                               "logprobs": None if req.logprobs is None else _legacy_logprobs(state, pieces, len(prefix))}
     if req.return_token_ids:
         choice["token_ids"] = token_ids
-    return choice, n
+    return choice, n, version
 
 
 async def _stream(state: ServerState, req: CompletionRequest, jobs, base: dict[str, Any], prompt_tokens: int,
@@ -86,25 +91,25 @@ async def _stream(state: ServerState, req: CompletionRequest, jobs, base: dict[s
     def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
         return f"data: {json.dumps(base | {'choices': choices} | extra, ensure_ascii=False)}\n\n".encode()
 
-    queue: asyncio.Queue = asyncio.Queue()
+    queue: asyncio.Queue = asyncio.Queue()  # (choice or error body, completion tokens, finished, policy version)
 
     async def produce(job) -> None:
         try:
             await _produce(job)
         except Exception as e:  # noqa: BLE001 - reported in-stream: headers are already sent
-            await queue.put((APIError(500, str(e), type="server_error").body(), 0, True))
+            await queue.put((engine_error(e).body(), 0, True, getattr(e, "policy_version", None)))
 
     async def _produce(job) -> None:
         index, ids, text, params = job
         offset = 0
         if req.echo:
-            await queue.put(({"index": index, "text": text, "finish_reason": None, "logprobs": None}, 0, False))
+            await queue.put(({"index": index, "text": text, "finish_reason": None, "logprobs": None}, 0, False, None))
             offset = len(text)
         async for piece in run_choice(state.engine, state.chat.tokenizer, ids, params, req.stop_list(),
                                       state.metrics):
             if isinstance(piece, Finish):
                 await queue.put(({"index": index, "text": "", "finish_reason": piece.reason, "logprobs": None},
-                                 piece.completion_tokens, True))
+                                 piece.completion_tokens, True, piece.policy_version))
             elif piece.text or req.return_token_ids or (req.logprobs is not None and piece.token_ids):
                 lp = None
                 if req.logprobs is not None:
@@ -113,16 +118,30 @@ async def _stream(state: ServerState, req: CompletionRequest, jobs, base: dict[s
                 c = {"index": index, "text": piece.text, "finish_reason": None, "logprobs": lp}
                 if req.return_token_ids:
                     c["token_ids"] = piece.token_ids
-                await queue.put((c, 0, False))
+                await queue.put((c, 0, False, piece.policy_version))
 
     tasks = [asyncio.create_task(produce(job)) for job in jobs]
     try:
         done, completion = 0, 0
+        held: list[dict[str, Any]] = []  # chunks that came before the policy version was known
         while done < len(jobs):
-            c, n, finished = await queue.get()
+            c, n, finished, version = await queue.get()
             done += finished
             completion += n
-            yield chunk([c]) if "error" not in c else f"data: {json.dumps(c)}\n\n".encode()
+            if "policy_version" not in base and (version is not None or "error" in c):
+                base["policy_version"] = state.response_version([version])
+                for h in held:
+                    yield chunk([h])
+                held = []
+            if "error" in c:
+                yield f"data: {json.dumps(c)}\n\n".encode()
+            elif "policy_version" not in base:
+                held.append(c)
+            else:
+                yield chunk([c])
+        base.setdefault("policy_version", state.response_version([]))
+        for h in held:
+            yield chunk([h])
         if include_usage:
             yield chunk([], usage=usage(prompt_tokens, completion))
         yield b"data: [DONE]\n\n"

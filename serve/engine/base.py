@@ -12,6 +12,8 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from serve.engine.weights import WeightLoadError, WeightsLoaded
+
 
 @dataclass
 class SamplingParams:
@@ -41,6 +43,8 @@ class GenToken:
     id: int
     logprob: float | None = None
     top: list[tuple[int, float]] | None = None  # (token id, logprob), most likely first
+    policy_version: int = 0
+    """The version of the weights that produced this token (a request's tokens all share one)."""
 
 
 @dataclass
@@ -50,11 +54,14 @@ class EngineStats:
     kv_cache_usage: float = 0.0  # fraction of KV-cache blocks in use (0 for engines without paging)
     prefix_cache_hits: int = 0
     prefix_cache_queries: int = 0
+    policy_version: int = 0
 
 
 class Engine(ABC):
     name: str = "engine"
     max_model_len: int
+    policy_version: int = 0
+    """The version of the weights serving now (serve/engine/weights.py)."""
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         pass
@@ -66,8 +73,16 @@ class Engine(ABC):
     def generate(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[GenToken]:
         """Yield generated tokens; stop tokens are yielded too (the caller decides what to show)."""
 
+    async def load_weights(self, path: str, policy_version: int | None = None,
+                           abort_in_flight: bool = False) -> WeightsLoaded:
+        """Serve the checkpoint at `path` from now on, without a restart. Requests in flight finish on
+        the old weights (or, with abort_in_flight, end with RequestAborted); requests that arrive
+        meanwhile wait and run on the new ones. Raises WeightLoadError, and keeps serving, when the
+        checkpoint is missing, incompatible or the version does not increase."""
+        raise WeightLoadError(f"engine {self.name} cannot load weights in place; use the native engine", param=None)
+
     def stats(self) -> EngineStats:
-        return EngineStats()
+        return EngineStats(policy_version=self.policy_version)
 
     def weight_bytes(self) -> int:
         return 0

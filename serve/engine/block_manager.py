@@ -118,6 +118,18 @@ class BlockManager:
                 block.hash, block.tokens = h, chunk
                 self.by_hash.setdefault(h, block.id)
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix: after a weight swap the K/V in the blocks came from the old weights.
+        Only with no sequence holding blocks (a running one would go on publishing blocks whose K/V
+        mixes both weights)."""
+        if any(b.ref_count for b in self.blocks):
+            raise RuntimeError("reset_prefix_cache needs all sequences finished")
+        for b in self.blocks:
+            b.hash, b.tokens = None, ()
+        self.free_plain.extend(self.free_cached)
+        self.free_cached.clear()
+        self.by_hash.clear()
+
     def free(self, seq: Sequence) -> None:
         for bid in reversed(seq.block_table):
             b = self.blocks[bid]

@@ -5,6 +5,11 @@ scheduled tokens (model_runner.py), sample the sequences that finished their tok
 token to its request's asyncio queue, retire finished or cancelled sequences. Requests that arrive
 mid-flight join at the next step.
 
+Weight loads (`load_weights`, for RL training) are commands in the same inbox, so they are ordered
+with the requests: sequences accepted before one finish on the old weights (or are aborted), those
+after it are held until the new weights are in. The swap happens only with no sequence left, so one
+sequence never sees two sets of weights, and each is stamped with the policy version it runs on.
+
 Limits: no CUDA graphs yet (decode on a GPU pays kernel-launch overhead per step); attention is torch
 SDPA over gathered pages, not a fused paged-attention kernel.
 """
@@ -12,11 +17,13 @@ SDPA over gathered pages, not a fused paged-attention kernel.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import os
 import queue
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -26,7 +33,17 @@ from serve.engine.model_runner import ModelRunner
 from serve.engine.sampling import make_generator, sample_batch
 from serve.engine.scheduler import Scheduler
 from serve.engine.sequence import Sequence
-from serve.model.loader import load_model
+from serve.engine.weights import (
+    RequestAborted,
+    WeightLoadError,
+    WeightsLoaded,
+    checkpoint_dir,
+    config_mismatch,
+    next_version,
+    read_policy_version,
+)
+from serve.model.config import ModelConfig
+from serve.model.loader import load_model, shard_files
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +76,18 @@ class EngineConfig:
                              "(and max_batched_tokens >= block_size)")
 
 
+@dataclass(eq=False)
+class _Reload:
+    """A weight load waiting in the engine's inbox; the engine thread answers through `future`."""
+
+    path: str
+    version: int
+    abort: bool
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    queued_at: float = field(default_factory=time.monotonic)
+    aborted: int = 0
+
+
 class NativeEngine(Engine):
     name = "native"
 
@@ -71,6 +100,7 @@ class NativeEngine(Engine):
         self.quant = c.quant if c.quant != "auto" else ("mxfp8" if self.device.type == "cuda" else "none")
         self.model = load_model(model_dir, device=self.device, dtype=self.dtype, quant=self.quant)
         self.packing = self.model.pack_for_cpu() if self.device.type == "cpu" and c.cpu_pack else ""
+        self.policy_version = read_policy_version(model_dir) or 0
         self.max_model_len = c.max_model_len or self.model.cfg.max_position_embeddings
         per_token = ModelRunner.kv_bytes_per_token(self.model, self.dtype)
         tokens = c.kv_cache_tokens or self._default_kv_tokens(per_token)
@@ -85,6 +115,9 @@ class NativeEngine(Engine):
         self.runner = ModelRunner(self.model, num_blocks, c.block_size, self.device, self.dtype)
         self.kv_cache_bytes = num_blocks * c.block_size * per_token
         self._inbox: queue.Queue = queue.Queue()
+        self._reload: _Reload | None = None  # the load waiting for the running sequences to finish
+        self._held: list = []  # what came into the inbox after it: handled once the new weights are in
+        self._load_lock = asyncio.Lock()  # one load at a time, so versions are checked against the latest
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="native-engine", daemon=True)
         self._thread.start()
@@ -107,9 +140,10 @@ class NativeEngine(Engine):
                 + (f"; {self.packing}" if self.packing else ""))
 
     def stats(self) -> EngineStats:
-        return EngineStats(running=len(self.scheduler.running), waiting=len(self.scheduler.waiting) + self._inbox.qsize(),
-                           kv_cache_usage=self.blocks.usage, prefix_cache_hits=self.blocks.hit_tokens,
-                           prefix_cache_queries=self.blocks.query_tokens)
+        waiting = len(self.scheduler.waiting) + self._inbox.qsize() + len(self._held)
+        return EngineStats(running=len(self.scheduler.running), waiting=waiting, kv_cache_usage=self.blocks.usage,
+                           prefix_cache_hits=self.blocks.hit_tokens, prefix_cache_queries=self.blocks.query_tokens,
+                           policy_version=self.policy_version)
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams):
         if len(prompt_ids) >= self.max_model_len:
@@ -124,6 +158,28 @@ class NativeEngine(Engine):
             seq.cancelled.set()
             self._inbox.put(None)  # wake the loop so the slot is freed now
 
+    async def load_weights(self, path: str, policy_version: int | None = None,
+                           abort_in_flight: bool = False) -> WeightsLoaded:
+        """See Engine.load_weights. The checkpoint's config is checked here first (cheap), so a wrong
+        path neither waits for nor aborts anything; the load itself runs on the engine thread."""
+        async with self._load_lock:
+            folder = checkpoint_dir(path)
+            version = next_version(self.policy_version, policy_version, folder)
+            self._check_fits(folder)
+            cmd = _Reload(str(folder), version, abort_in_flight)
+            self._inbox.put(cmd)
+            return await asyncio.wrap_future(cmd.future)
+
+    def _check_fits(self, folder) -> None:
+        try:
+            cfg = ModelConfig.from_dir(folder)
+            shard_files(folder)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise WeightLoadError(f"{folder}: not a checkpoint this engine can load: {e}") from None
+        running = {k: v for k, v in asdict(self.model.cfg).items() if k != "torch_dtype"}  # we cast anyway
+        if diff := config_mismatch(running, asdict(cfg)):
+            raise WeightLoadError(f"{folder} does not fit the running model: {diff}")
+
     async def stop(self) -> None:
         self._stop.set()
         self._inbox.put(None)
@@ -132,10 +188,13 @@ class NativeEngine(Engine):
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self._drain_inbox(block=not self.scheduler.has_work())
+            self._drain_inbox(block=not self.scheduler.has_work() and self._reload is None)
             for seq in self.scheduler.drop_cancelled():
                 self.runner.forget(seq)
                 self._emit(seq, DONE)
+            if self._reload is not None and not self.scheduler.has_work():
+                self._swap_weights(self._reload)
+                continue
             batch = self.scheduler.schedule()
             if not batch:
                 continue
@@ -147,6 +206,9 @@ class NativeEngine(Engine):
                     self._finish(seq)
                     self._emit(seq, e)
                     self._emit(seq, DONE)
+        for cmd in [self._reload, *self._held]:  # so that no caller waits for ever
+            if isinstance(cmd, _Reload):
+                cmd.future.set_exception(WeightLoadError("the engine stopped before loading the weights", param=None))
 
     def _drain_inbox(self, block: bool) -> None:
         try:
@@ -154,12 +216,64 @@ class NativeEngine(Engine):
         except queue.Empty:
             return
         while True:
-            if item is not None:
-                self.scheduler.add(item)
+            self._accept(item)
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 return
+
+    def _accept(self, item: Sequence | _Reload | None) -> None:
+        if item is None:  # a wake-up
+            return
+        if self._reload is not None:
+            self._held.append(item)
+        elif isinstance(item, _Reload):
+            self._reload = item
+            if item.abort:
+                item.aborted = self._abort_all(item.version)
+        else:
+            item.policy_version = self.policy_version
+            self.scheduler.add(item)
+
+    def _abort_all(self, new_version: int) -> int:
+        gone = self.scheduler.drop_all()
+        for seq in gone:
+            self.runner.forget(seq)
+        self._emit_many([(s, x) for s in gone for x in (RequestAborted(s.policy_version, new_version), DONE)])
+        return len(gone)
+
+    def _swap_weights(self, cmd: _Reload) -> None:
+        """With no sequence left: load the checkpoint into a new model (same device, dtype, quant and CPU
+        packing as at start-up), swap it in, empty the prefix cache (its K/V came from the old weights),
+        then let the held requests in. On failure the old model stays."""
+        start = time.monotonic()
+        try:
+            if cmd.version <= self.policy_version:  # a load whose caller went away let another one pass
+                raise WeightLoadError(f"policy_version must increase: {cmd.version} is not above the current "
+                                      f"{self.policy_version}", param="policy_version")
+            try:
+                model = load_model(cmd.path, device=self.device, dtype=self.dtype, quant=self.quant)
+            except Exception as e:  # noqa: BLE001 - any failure to read it is the caller's checkpoint's
+                raise WeightLoadError(f"cannot load {cmd.path}: {type(e).__name__}: {e}") from None
+            if self.device.type == "cpu" and self.config.cpu_pack:
+                model.pack_for_cpu()
+            self.blocks.reset_prefix_cache()  # before the swap: if it refused, nothing would have changed
+            old, self.model = self.model, model
+            self.runner.model = model
+            self.policy_version = cmd.version
+            del old
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            log.info("now serving %s as policy version %d", cmd.path, cmd.version)
+            cmd.future.set_result(WeightsLoaded(cmd.version, time.monotonic() - start,
+                                                0.0 if cmd.abort else start - cmd.queued_at, cmd.aborted))
+        except Exception as e:  # noqa: BLE001 - reported to the caller; the old weights keep serving
+            cmd.future.set_exception(e)
+        finally:
+            self._reload = None
+            held, self._held = self._held, []
+            for item in held:
+                self._accept(item)
 
     def _step(self, batch: list[tuple[Sequence, int]]) -> None:
         sampled, logits = self.runner.run(batch)
@@ -172,7 +286,7 @@ class NativeEngine(Engine):
         out: list[tuple[Sequence, object]] = []
         for seq, (token, logprob, top) in zip(sampled, picks, strict=True):
             seq.token_ids.append(token)
-            out.append((seq, GenToken(token, logprob, top)))
+            out.append((seq, GenToken(token, logprob, top, seq.policy_version)))
             if (token in seq.params.stop_token_ids or seq.num_generated >= seq.params.max_tokens
                     or len(seq) >= self.max_model_len or seq.cancelled.is_set()):
                 self._finish(seq)

@@ -38,7 +38,13 @@ class Scheduler:
         self.blocks.free(seq)
 
     def drop_cancelled(self) -> list[Sequence]:
-        gone = [s for s in list(self.waiting) + self.running if s.cancelled.is_set()]
+        return self._drop([s for s in list(self.waiting) + self.running if s.cancelled.is_set()])
+
+    def drop_all(self) -> list[Sequence]:
+        """Every sequence, waiting or running, finished now (an aborting weight load)."""
+        return self._drop(list(self.waiting) + self.running)
+
+    def _drop(self, gone: list[Sequence]) -> list[Sequence]:
         for s in gone:
             if s in self.waiting:
                 self.waiting.remove(s)

@@ -35,6 +35,7 @@ class Sequence:
     status: Status = Status.WAITING
     cancelled: threading.Event = field(default_factory=threading.Event)
     generator: torch.Generator | None = None
+    policy_version: int = 0  # stamped when the engine accepts it; weights never change under it
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = self.num_prompt_tokens or len(self.token_ids)

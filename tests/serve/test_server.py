@@ -39,7 +39,8 @@ def test_models_and_health(hermes_server, client):
     assert client.models.retrieve("tiny").id == "tiny"
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("gpt-9")
-    assert httpx.get(hermes_server.base_url.removesuffix("/v1") + "/health").json() == {"status": "ok"}
+    health = httpx.get(hermes_server.base_url.removesuffix("/v1") + "/health").json()
+    assert health == {"status": "ok", "policy_version": 0}
 
 
 def test_chat_usage_counts_match_apply_chat_template(client, tiny_hermes):

@@ -1,0 +1,86 @@
+"""Policy versions and in-place weight loads: what engines that reload checkpoints share.
+
+RL training writes a checkpoint after each step and tells the server to serve it; every completion
+reports the policy version whose weights produced it, so the trainer knows how stale each sample is.
+A version comes from the call, else from the checkpoint's `composer_policy.json`, else current + 1,
+and it must strictly increase: two checkpoints with one version would make samples ambiguous.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+POLICY_FILE = "composer_policy.json"
+
+
+class WeightLoadError(ValueError):
+    """A load that was refused or failed; the weights that were serving keep serving."""
+
+    def __init__(self, message: str, param: str | None = "path"):
+        super().__init__(message)
+        self.param = param
+
+
+class RequestAborted(RuntimeError):
+    """Ends a request that was generating when a load with abort_in_flight came: it never gets a token
+    from the new weights. `policy_version` is the version of the tokens it did get."""
+
+    def __init__(self, policy_version: int, new_version: int):
+        super().__init__(f"the request was aborted: the server switched from policy version {policy_version} "
+                         f"to {new_version}; retry it")
+        self.policy_version = policy_version
+
+
+@dataclass
+class WeightsLoaded:
+    policy_version: int
+    load_s: float
+    """Reading, validating and swapping in the new weights."""
+    wait_s: float = 0.0
+    """Waiting for requests in flight to finish before that (0 when they were aborted)."""
+    aborted: int = 0
+    """Sequences (choices) aborted."""
+
+
+def read_policy_version(model_dir: str | Path) -> int | None:
+    """The `policy_version` of a checkpoint's composer_policy.json (other keys ignored), None without one."""
+    path = Path(model_dir) / POLICY_FILE
+    if not path.is_file():
+        return None
+    try:
+        version = json.loads(path.read_text()).get("policy_version")
+    except (OSError, ValueError, AttributeError) as e:
+        raise WeightLoadError(f"{path} is not a JSON object: {e}") from None
+    if version is None:
+        return None
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise WeightLoadError(f"{path}: policy_version must be a non-negative integer, not {version!r}")
+    return version
+
+
+def checkpoint_dir(path: str) -> Path:
+    p = Path(path)
+    if not p.is_dir():
+        raise WeightLoadError(f"{path} is not a folder")
+    if not (p / "config.json").is_file():
+        raise WeightLoadError(f"{path} is not a checkpoint folder (no config.json)")
+    return p
+
+
+def next_version(current: int, requested: int | None, path: Path) -> int:
+    version = requested if requested is not None else read_policy_version(path)
+    version = current + 1 if version is None else version
+    if version <= current:
+        raise WeightLoadError(f"policy_version must increase: {version} is not above the current {current}",
+                              param="policy_version")
+    return version
+
+
+def config_mismatch(running: dict[str, Any], new: dict[str, Any], keys: list[str] | None = None) -> str | None:
+    """'key: running vs new, ...' for the keys (default: all of `running`'s) that differ, else None."""
+    diffs = [f"{k} {running.get(k)!r} vs {new.get(k)!r}" for k in keys or list(running)
+             if running.get(k) != new.get(k)]
+    return ", ".join(diffs) or None
