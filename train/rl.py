@@ -31,6 +31,7 @@ import torch
 from agent.tasks import Task
 from agent.tools import default_registry
 from train.algo import LossConfig, group_advantages
+from train.checkpoint import read_policy
 from train.progress import Progress
 from train.rewards import RewardConfig, compose
 from train.rollout import Episode, RolloutConfig, describe, run_episode
@@ -193,12 +194,18 @@ def run(model_dir: str | Path, tasks: list[Task], out: str | Path, cfg: RLConfig
     if ckpt is not None:
         first = int(trainer.resume(ckpt)["next_batch"])
         serve_from = ckpt
-    elif (out / "metrics.jsonl").exists():
-        (out / "metrics.jsonl").unlink()
+        for name in ("metrics.jsonl", "episodes.jsonl"):  # steps after the checkpoint are redone
+            _keep_before(out / name, first)
+    else:
+        for stale in ("metrics.jsonl", "episodes.jsonl"):
+            (out / stale).unlink(missing_ok=True)
+        if trainer.config.mxfp8_experts and read_policy(model_dir).get("experts") != "mxfp8":
+            # Serve exactly what the trainer computes from step 0 on: the experts in MXFP8.
+            serve_from = trainer.save(out / "policy" / f"v{trainer.policy_version}", resumable=False)
     server = (Server(base_url, served_name, api_key) if base_url
               else launch(serve_from, *cfg.server_args, name=served_name, log_path=out / "server.log"))
-    if base_url and ckpt is not None:
-        server.load_weights(ckpt, trainer.policy_version)
+    if base_url and server.version() != trainer.policy_version:
+        server.load_weights(serve_from, trainer.policy_version)
     rollout = RolloutConfig(server.base_url, server.model, server.api_key, cfg.temperature, cfg.max_output_tokens)
     spec_hash = default_registry().spec_hash()
     (out / "config.json").write_text(json.dumps({"rl": asdict(cfg), "trainer": asdict(trainer.config),
@@ -259,3 +266,9 @@ def _episode_metrics(episodes: list[Episode], step: int) -> dict[str, Any]:
             "completion_tokens": sum(e.completion_tokens for e in scored),
             "staleness_mean": round(sum(step - e.min_version for e in scored) / n, 3),
             "malformed_per_episode": round(sum((e.stats.malformed_tool_calls if e.stats else 0) for e in scored) / n, 3)}
+
+
+def _keep_before(path: Path, step: int) -> None:
+    if path.exists():
+        rows = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] < step]
+        path.write_text("".join(r + "\n" for r in rows))

@@ -123,4 +123,4 @@ def describe(ep: Episode) -> dict[str, Any]:
     return {"task": ep.task_id, "group": ep.group, "status": ep.status, "passed": ep.passed, "reward": ep.reward,
             "components": ep.components, "infra_error": ep.infra_error, "samples": len(ep.samples),
             "completion_tokens": ep.completion_tokens, "min_version": ep.min_version,
-            "session": ep.session_path, "duration_s": round(ep.duration_s, 3)}
+            "session": ep.session_path, "duration_s": round(ep.duration_s, 3), "verify_s": round(ep.verify_s, 3)}

@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels import MXFP8Tensor, cpu_pack, moe_forward
-from kernels.mxfp8_linear import mxfp8_moe
 from kernels.moe_reference import pack_experts
+from kernels.mxfp8_linear import mxfp8_moe
 from serve.model.config import ModelConfig
 from serve.model.layers import AttnMeta, RMSNorm, Rotary, apply_rope, paged_attention
 
