@@ -129,7 +129,11 @@ def _sft(args) -> int:
 
     model = _model_dir(args.model)
     spec_hash = default_registry().spec_hash()
-    samples = [s for f in _session_files(args.sessions) for s in build_samples(load(f), spec_hash=spec_hash)]
+    from serve.chat_format import ChatFormat
+
+    chat = ChatFormat(model)  # refuses sessions rendered by another chat template or tokenizer
+    samples = [s for f in _session_files(args.sessions)
+               for s in build_samples(load(f), chat=chat, spec_hash=spec_hash)]
     if not samples:
         raise ValueError("the sessions hold no sampled tokens to train on")
     trainer = Trainer(model, TrainerConfig(lr=args.lr, seed=args.seed, mxfp8_experts=not args.no_mxfp8))
