@@ -140,6 +140,10 @@ class ScriptedServer:
         self.httpd.shutdown()
         self.httpd.server_close()
 
+    def next_turn(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The turn that answers this request (subclasses may choose by the conversation)."""
+        return self.script.next_turn(wants_summary=not body.get("tools"))
+
     def chat_requests(self) -> list[dict[str, Any]]:
         return [r["body"] for r in self.requests if r["path"].endswith("/chat/completions")]
 
@@ -192,7 +196,7 @@ class ScriptedServer:
                     self._json(404, {"error": {"message": f"The model `{body.get('model')}` does not exist.",
                                                "type": "NotFoundError", "code": 404}})
                     return
-                turn = server.script.next_turn(wants_summary=not body.get("tools"))
+                turn = server.next_turn(body)
                 if turn.get("status"):
                     self._json(turn["status"], {"error": {"message": f"scripted HTTP {turn['status']}",
                                                           "type": "server_error"}})
