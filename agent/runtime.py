@@ -41,7 +41,7 @@ def build(config: Config, root: Path, *, emit: Callable[[Event], None], approve:
         model = client
     window = config.context_window or server_window or DEFAULT_CONTEXT_WINDOW
     workspace = Workspace(root, extra_roots=config.extra_roots(root))
-    workspace.state_dir()  # creates .composer/ with its .gitignore
+    workspace.temp_dir()  # creates .composer/ with its .gitignore; clears temp files of killed writes
     ctx = ToolContext(workspace=workspace, sandbox=config.sandbox, linters=dict(config.linters))
     registry = default_registry()
     messages: list[Message] = []

@@ -26,6 +26,7 @@ class Workspace:
 
     root: Path
     extra_roots: tuple[Path, ...] = ()
+    _temps_cleared: bool = field(default=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.root = Path(os.path.realpath(self.root))
@@ -78,6 +79,17 @@ class Workspace:
             )
         d = base.joinpath(*sub)
         d.mkdir(parents=True, exist_ok=True)
+        return d
+
+    def temp_dir(self) -> Path:
+        """`.composer/tmp/`, where writes stage their temp files; the first call clears the temp files
+        of writes that were killed mid-way (their process is gone)."""
+        from agent.tools.fileio import remove_stale_temps
+
+        d = self.state_dir("tmp")
+        if not self._temps_cleared:
+            self._temps_cleared = True
+            remove_stale_temps(d)
         return d
 
 

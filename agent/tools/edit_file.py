@@ -71,7 +71,7 @@ def edit_file(ctx: ToolContext, path: str, old_string: str, new_string: str, rep
     after = _keep_final_newline(work, after)
     if crlf_file:
         after = after.replace("\n", "\r\n")
-    atomic_write(real, tf.encode(after), mode=tf.mode)
+    atomic_write(real, tf.encode(after), mode=tf.mode, tmp_dir=ctx.workspace.temp_dir())
 
     first_line = line_of(work, found.matches[0].start)
     count = len(found.matches)
@@ -97,9 +97,9 @@ def _create(ctx: ToolContext, real, shown: str, content: str) -> ToolResult:
                 "unique line in old_string and repeat it in new_string with your addition; to replace the "
                 "whole file, use write_file."
             )
-        atomic_write(real, tf.encode(content), mode=tf.mode)
+        atomic_write(real, tf.encode(content), mode=tf.mode, tmp_dir=ctx.workspace.temp_dir())
     else:
-        atomic_write(real, content.encode("utf-8"))
+        atomic_write(real, content.encode("utf-8"), tmp_dir=ctx.workspace.temp_dir())
     lint_note, problems = introduced_problems_note(None, content, shown)
     lines = content.count("\n") + (0 if content.endswith("\n") or not content else 1)
     return ToolResult(f"Created {shown} ({lines} lines).{lint_note}",

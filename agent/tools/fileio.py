@@ -2,23 +2,36 @@
 
 Text is decoded as UTF-8 (a BOM is remembered), UTF-16 with a BOM, or Latin-1 as a last resort, so
 that writing back yields the same bytes everywhere the text did not change. Writes are atomic: a temp
-file in the same folder, fsync, rename; a crash mid-write leaves the old file or the new one, never a
-torn one. The file's mode is kept.
+file, fsync, rename; a crash mid-write leaves the old file or the new one, never a torn one. The file's
+mode is kept.
+
+Temp files go to `.composer/tmp/` (git-ignored, never listed), not beside the user's file, so a write
+killed with -9 leaves nothing in the user's folders; each is named after its host and process, and
+the next start removes those whose process is gone. Only when `.composer/tmp/` is on another
+filesystem (a rename could not be atomic) does the temp file sit beside the target, with a
+`.composer-tmp` suffix that the file tools never list.
 """
 
 from __future__ import annotations
 
 import codecs
 import difflib
+import errno
 import os
+import socket
 import stat
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from agent.tools.base import ToolError
 
 SNIFF_BYTES = 8192
+TEMP_SUFFIX = ".composer-tmp"
+# Another host's temp file (a workspace shared over the network) cannot be checked for a live writer;
+# no write takes this long, so it is stale by then.
+FOREIGN_TEMP_MAX_AGE_S = 24 * 3600
 _old_umask = os.umask(0o022)
 os.umask(_old_umask)
 DEFAULT_FILE_MODE = 0o666 & ~_old_umask
@@ -86,10 +99,30 @@ def read_text(path: Path, shown: str) -> TextFile:
     return tf
 
 
-def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
-    """Replace `path` with `data` atomically, creating parent folders; keep `mode` when given."""
+def atomic_write(path: Path, data: bytes, mode: int | None = None, tmp_dir: Path | None = None) -> None:
+    """Replace `path` with `data` atomically, creating parent folders; keep `mode` when given.
+
+    The temp file goes to `tmp_dir` (the workspace's `.composer/tmp/`) when it is on the same
+    filesystem as `path`, else beside `path`.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".composer-tmp", dir=path.parent)
+    folder = tmp_dir if tmp_dir is not None and _same_filesystem(tmp_dir, path.parent) else None
+    try:
+        _write_and_rename(path, data, mode, folder)
+    except OSError as e:
+        if folder is None or e.errno != errno.EXDEV:
+            raise
+        # Same st_dev yet not renamable (some overlay or bind-mount setups): write beside the target.
+        _write_and_rename(path, data, mode, None)
+    _fsync_dir(path.parent)
+
+
+def _write_and_rename(path: Path, data: bytes, mode: int | None, folder: Path | None) -> None:
+    if folder is None:
+        remove_stale_temps(path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{_owner_tag()}.", suffix=TEMP_SUFFIX, dir=path.parent)
+    else:
+        fd, tmp = tempfile.mkstemp(prefix=f"{_owner_tag()}.", suffix=TEMP_SUFFIX, dir=folder)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -103,8 +136,18 @@ def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def _same_filesystem(a: Path, b: Path) -> bool:
     try:
-        dir_fd = os.open(path.parent, os.O_RDONLY)
+        return os.stat(a).st_dev == os.stat(b).st_dev
+    except OSError:
+        return False
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        dir_fd = os.open(folder, os.O_RDONLY)
     except OSError:
         return
     try:
@@ -113,6 +156,60 @@ def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
         pass
     finally:
         os.close(dir_fd)
+
+
+def _owner_tag() -> str:
+    """host~pid: who writes a temp file, so that a later start can tell whether the writer is gone."""
+    host = socket.gethostname().replace(".", "_").replace("~", "_") or "localhost"
+    return f"{host}~{os.getpid()}"
+
+
+def remove_stale_temps(folder: Path) -> int:
+    """Delete our temp files in `folder` whose writer is dead (killed mid-write); return how many.
+
+    Only names we make are touched: `[.name.]host~pid.random.composer-tmp`.
+    """
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return 0
+    removed = 0
+    for entry in entries:
+        if entry.name.endswith(TEMP_SUFFIX) and _is_stale(entry) and _unlink(entry.path):
+            removed += 1
+    return removed
+
+
+def _is_stale(entry: os.DirEntry) -> bool:
+    # [.name.]host~pid.random.composer-tmp, read from the end: the user's file name may hold "~" or ".".
+    owner = entry.name[: -len(TEMP_SUFFIX)].rpartition(".")[0].rpartition(".")[2]
+    host, _, pid = owner.rpartition("~")
+    if not host or not pid.isdigit():
+        return False
+    if host != _owner_tag().rpartition("~")[0]:
+        try:
+            return time.time() - entry.stat().st_mtime > FOREIGN_TEMP_MAX_AGE_S
+        except OSError:
+            return False
+    return not _pid_alive(int(pid))
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def _unlink(path: str) -> bool:
+    try:
+        os.unlink(path)
+    except OSError:
+        return False
+    return True
 
 
 def unified_diff(before: str, after: str, shown: str) -> str:

@@ -2,7 +2,7 @@
 
 ripgrep (`rg --files`) does the walk when it is available (fast, parallel); otherwise a pure-Python
 walker applies the .gitignore files it meets with `pathspec` (gitwildmatch semantics, as rg does).
-Globs follow gitignore rules in both: a pattern without `/` matches a name at any depth, one with `/`
+Our own temp files (`*.composer-tmp`) are never listed. Globs follow gitignore rules in both: a pattern without `/` matches a name at any depth, one with `/`
 is anchored at the search folder, `**` spans folders.
 """
 
@@ -14,13 +14,15 @@ from pathlib import Path
 
 from agent.tools.base import ToolError
 from agent.tools.context import ToolContext
+from agent.tools.fileio import TEMP_SUFFIX
 
 RG_TIMEOUT_S = 60
 SKIP_DIRS = {".git"}
 
 
 def rg_base_args(rg: str) -> list[str]:
-    return [rg, "--hidden", "--no-require-git", "--glob", "!.git", "--no-config"]
+    # Temp files of our own writes (beside the target only when .composer/tmp is on another filesystem).
+    return [rg, "--hidden", "--no-require-git", "--glob", "!.git", "--glob", f"!*{TEMP_SUFFIX}", "--no-config"]
 
 
 def list_files(ctx: ToolContext, base: Path, glob: str | None = None,
@@ -113,7 +115,7 @@ def walk(base: Path):
         dirnames[:] = kept
         for f in sorted(filenames):
             rel = f"{rel_dir}/{f}" if rel_dir else f
-            if not _ignored(active, rel):
+            if not f.endswith(TEMP_SUFFIX) and not _ignored(active, rel):
                 yield rel, False
 
 

@@ -37,7 +37,7 @@ def write_file(ctx: ToolContext, path: str, content: str) -> ToolResult:
                 content.encode("latin-1")
             except UnicodeEncodeError:
                 tf.encoding = "utf-8"
-    atomic_write(real, tf.encode(content), mode=tf.mode)
+    atomic_write(real, tf.encode(content), mode=tf.mode, tmp_dir=ctx.workspace.temp_dir())
     lines = content.count("\n") + (0 if content.endswith("\n") or not content else 1)
     verb = "Created" if before is None and tf.mode is None else "Overwrote"
     lint_note, problems = introduced_problems_note(before, content, shown)

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
+from agent.config import Config
+from agent.runtime import build
+from agent.scripted import DeterministicModel
 from agent.tools import Workspace
+from tests.conftest import git
 
 from .helpers import Tools
 
@@ -152,3 +162,89 @@ def test_write_reports_introduced_python_errors_only(tools):
     (tools.root / "m.py").write_text("print(undefined_a)\n")
     out = tools.ok("write_file", path="m.py", content="print(undefined_a)\nprint(undefined_b)\n")
     assert "introduced 1 lint error" in out and "undefined_b" in out and "undefined_a" not in out
+
+
+# ---- kill -9 in the middle of a write ----------------------------------------------------------
+
+BIG_OLD = "first line\n" + "old line\n" * 2_000_000  # 18 MB: the write and its fsync take a while
+BIG_NEW = {"write_file": "new line\n" * 2_000_000, "edit_file": BIG_OLD.replace("first", "FIRST")}
+_WRITER = """
+import json, sys
+from tests.agent.helpers import Tools
+root, tool, args = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+if tool == "write_file":
+    args["content"] = "new line\\n" * 2_000_000
+t = Tools(__import__("pathlib").Path(root))
+print("ready", flush=True)
+t.call(tool, **args)
+print("wrote", flush=True)
+"""
+
+
+def _files_under(root) -> set[str]:
+    out = set()
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d != ".git"]
+        out |= {os.path.relpath(os.path.join(dirpath, f), root) for f in filenames}
+    return out
+
+
+def _kill_mid_write(root, tool: str, args: dict, before: set[str]) -> bool:
+    """Run `tool` in a child process and SIGKILL it once a new file appears; True if the kill came
+    before the write finished (a temp file was seen and the child never said it wrote)."""
+    child = subprocess.Popen([sys.executable, "-c", _WRITER, str(root), tool, json.dumps(args)],
+                             stdout=subprocess.PIPE, cwd=Path(__file__).parents[2], text=True)
+    assert child.stdout.readline().strip() == "ready"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and child.poll() is None:
+        if _files_under(root) - before:
+            child.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.0005)
+    out, _ = child.communicate()
+    return child.returncode == -signal.SIGKILL and "wrote" not in out
+
+
+@pytest.mark.parametrize("tool,args", [
+    ("write_file", {"path": "big.txt"}),
+    ("edit_file", {"path": "big.txt", "old_string": "first line\n", "new_string": "FIRST line\n"}),
+])
+def test_kill_9_mid_write_leaves_nothing_the_user_sees(git_repo, tool, args):
+    """Temp files of writes killed mid-way never show in list_dir, glob, grep or git status, the file is
+    whole (old or new), and the next start removes them from disk."""
+    root = git_repo
+    (root / "big.txt").write_text(BIG_OLD)
+    git(root, "add", "big.txt")
+    git(root, "commit", "-qm", "big")
+    Workspace(root).state_dir()  # .composer/ exists, as in any session, before the kills
+    hits = 0
+    for _ in range(12):
+        hits += _kill_mid_write(root, tool, args, _files_under(root))
+        if hits >= 3:
+            break
+    assert hits, "no kill landed in the middle of a write"
+    content = (root / "big.txt").read_text()
+    assert content in (BIG_OLD, BIG_NEW[tool])
+    t = Tools(root)
+    assert "composer-tmp" not in t.ok("list_dir") and "tmp" not in t.ok("list_dir")
+    assert t.ok("glob", pattern="*").splitlines()[1:] == ["big.txt"]
+    assert "1 file(s) match" in t.ok("grep", pattern="line")
+    assert [ln for ln in git(root, "status", "--porcelain", "--untracked-files=all").splitlines()
+            if not ln.endswith("big.txt")] == []
+    build(Config(), root, emit=lambda e: None, model=DeterministicModel([])).session.close()
+    leftovers = {f for f in _files_under(root) if os.path.getsize(root / f) > 1_000_000} - {"big.txt"}
+    assert leftovers == set(), "a killed write's temp file was not cleaned at the next start"
+
+
+def test_only_temp_files_of_dead_writers_are_removed(tmp_path):
+    from agent.tools.fileio import _owner_tag, remove_stale_temps
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    host = _owner_tag().rpartition("~")[0]
+    names = {"dead": f".a~b.c.{host}~{dead.pid}.x1y2.composer-tmp", "alive": f"{_owner_tag()}.q9.composer-tmp",
+             "users": "notes.composer-tmp", "other_host": f"elsewhere~{dead.pid}.z.composer-tmp"}
+    for name in names.values():
+        (tmp_path / name).write_text("x")
+    assert remove_stale_temps(tmp_path) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(n for k, n in names.items() if k != "dead")
