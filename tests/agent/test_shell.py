@@ -131,3 +131,46 @@ def test_sandbox_without_bwrap_fails_closed(tmp_path, monkeypatch):
     t = Tools(tmp_path, sandbox=True)
     r = t.call("shell", command="echo should-not-run")
     assert not r.ok and "bubblewrap" in r.content and "should-not-run" not in r.content
+
+
+def _running(pid: int) -> bool:
+    """The process exists and is not a zombie waiting to be reaped."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_timeout_kills_children_that_started_their_own_session(tools):
+    """setsid (or a double fork into a new session) leaves the process group; the kill must still
+    reach it, and the result says what was killed only once nothing is left."""
+    n = 4000 + uuid.uuid4().int % 1000
+    cmd = (f"setsid sleep {n} & echo $! > own-session.pid; "
+           f"setsid sh -c 'sleep {n + 1} & echo $! > orphan.pid'; sleep {n + 2}")
+    start = time.monotonic()
+    r = tools.call("shell", command=cmd, timeout_s=1)
+    assert r.data["timed_out"] and time.monotonic() - start < 8
+    pids = [int((tools.root / f).read_text()) for f in ("own-session.pid", "orphan.pid")]
+    survivors = [p for p in pids if _running(p)]
+    for p in survivors:  # don't leave them behind if the test fails
+        subprocess.run(["kill", "-9", str(p)])
+    assert survivors == [], "a process in its own session survived the timeout"
+    assert r.data["survivors"] == [] and r.data["killed"] >= 3
+    assert "none left" in r.content
+
+
+def test_output_past_the_log_cap_keeps_its_real_end(tools):
+    """70 MB of output: the model still sees the true last lines, and the log says it was capped."""
+    r = tools.call("shell", command="yes 2>/dev/null | head -c 70000000; echo THE-REAL-END", timeout_s=300)
+    assert r.ok, r.content[-500:]
+    body = r.content.rsplit("\n[", 1)[0]
+    assert body.endswith("y\nTHE-REAL-END")
+    assert r.data["output_bytes"] == 70_000_000 + len("THE-REAL-END\n") and r.data["log_capped"]
+    assert "capped" in r.content
+    log = tools.root / r.data["log_path"]
+    assert log.stat().st_size < 70_000_000
+    with open(log, "rb") as f:
+        f.seek(-200, 2)
+        end = f.read()
+    assert end.endswith(b"y\nTHE-REAL-END\n") and b"omitted" in log.read_bytes()[-(4 << 20):]
