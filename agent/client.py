@@ -11,6 +11,11 @@ Errors: connection failures, 429 and 5xx are retried with exponential backoff (R
 report in one line and exit 2 on. A 400 that says the prompt is too long is kind="context_overflow"
 (the loop summarises and tries again).
 
+An answer is whole only with [DONE] or a finish_reason: a stream that breaks or just ends before
+either (a server dying mid-answer) is asked again, unless a tool it called already started, since
+asking again would run that tool twice. Then the turn keeps the calls already started and the run
+stops with kind="cut_off".
+
 With `record_tokens` the request also asks for token ids and logprobs (composer-serve's and vLLM's
 `return_token_ids`), and the turn carries a TokenRecord: exactly what the server sampled, for RL.
 """
@@ -34,7 +39,7 @@ RETRY_STATUSES = {408, 409, 429, 500, 502, 503, 504}
 
 
 class ModelError(Exception):
-    """kind: config | context_overflow | request | server | interrupted."""
+    """kind: config | context_overflow | request | server | cut_off | interrupted."""
 
     def __init__(self, message: str, kind: str, status: int | None = None, partial: ModelTurn | None = None):
         super().__init__(message)
@@ -186,34 +191,43 @@ class OpenAIClient:
                     r.read()
                     self._raise_for_status(r)
                 if "text/event-stream" not in r.headers.get("content-type", "text/event-stream"):
-                    acc.whole_response(json.loads(r.read()))
-                else:
-                    for line in r.iter_lines():
-                        if cancel.is_set():
-                            raise ModelError("interrupted", "interrupted", partial=acc.finish(body, partial=True))
-                        if not line.startswith("data:"):
-                            continue
-                        data = line[5:].strip()
-                        if data == "[DONE]":
-                            break
-                        try:
-                            acc.chunk(json.loads(data))
-                        except json.JSONDecodeError:
-                            continue
+                    acc.whole_response(_json_body(r.read(), url))
+                    return acc.finish(body)
+                ended = self._read_events(r, acc, body, cancel)
         except ModelError:
             raise
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError,
                 httpx.ReadTimeout, httpx.WriteError, httpx.PoolTimeout) as e:
             if cancel.is_set():
                 raise ModelError("interrupted", "interrupted", partial=acc.finish(body, partial=True)) from None
-            if acc.started_calls():
-                # Tools the answer already called are running: asking again would run them twice.
-                # Keep the answer as far as it came; the loop goes on with those calls' results.
-                return acc.cut_short(body)
-            raise _Transient(f"{type(e).__name__} talking to {url}: {_reason(e)}") from None
+            if acc.finish_reason is None:
+                _cut_off(acc, body, f"{type(e).__name__} talking to {url}: {_reason(e)}")
+            ended = True  # the answer was whole; only [DONE] or the usage chunk was lost
         finally:
             self._response = None
+        if not ended and acc.finish_reason is None:
+            _cut_off(acc, body, acc.stream_error or f"the stream from {url} ended without [DONE] or a finish_reason")
         return acc.finish(body)
+
+    def _read_events(self, r, acc: _Accumulator, body, cancel: threading.Event) -> bool:
+        """Feed the SSE events to `acc`; True when the stream ended with [DONE]."""
+        for line in r.iter_lines():
+            if cancel.is_set():
+                raise ModelError("interrupted", "interrupted", partial=acc.finish(body, partial=True))
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                return True
+            try:
+                obj = json.loads(data)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(obj, dict) and obj.get("error"):
+                acc.stream_error = f"the server reported an error mid-stream: {_stream_error_message(obj['error'])}"
+                continue
+            acc.chunk(obj)
+        return False
 
     def _raise_for_status(self, r) -> None:
         status, message = r.status_code, _error_message(r)
@@ -234,6 +248,35 @@ class OpenAIClient:
         raise ModelError(f"HTTP {status} from {self.base_url}: {message}", "request", status)
 
 
+def _cut_off(acc: _Accumulator, body: dict[str, Any], why: str) -> None:
+    """The answer stopped before its end. Ask again, unless a tool it called is already running: asking
+    again would run that twice, so the turn ends as it came, with those calls only, and the run stops."""
+    if not acc.started_calls():
+        raise _Transient(why if acc.first is None else f"the answer was cut off: {why}")
+    partial = acc.cut_short(body)
+    n = len(partial.tool_calls)
+    raise ModelError(f"the model's answer was cut off ({why}) after {n} tool call{'s' if n != 1 else ''} had "
+                     "started; those ran once and their results are in the session, the rest of the answer "
+                     "is lost (resume the session to go on)", "cut_off", partial=partial)
+
+
+def _json_body(raw: bytes, url: str) -> dict[str, Any]:
+    """A non-streamed answer; one that does not parse was cut on the way (asked again)."""
+    try:
+        obj = json.loads(raw)
+    except ValueError:
+        raise _Transient(f"the answer from {url} was cut off: its JSON body is incomplete") from None
+    if not isinstance(obj, dict):
+        raise _Transient(f"the answer from {url} is not a JSON object")
+    return obj
+
+
+def _stream_error_message(err: Any) -> str:
+    if isinstance(err, dict):
+        return str(err.get("message") or err)[:300]
+    return str(err)[:300]
+
+
 class _Accumulator:
     """Builds a ModelTurn from streamed chunks (or one whole response)."""
 
@@ -250,6 +293,7 @@ class _Accumulator:
         self.text_calls: list[ToolCall] = []
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None
+        self.stream_error: str | None = None  # an error object the server sent in the stream
 
     def _mark(self) -> None:
         if self.first is None:

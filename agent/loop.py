@@ -1,7 +1,8 @@
 """The agent loop: messages → model (streamed) → tool calls → executor → tool messages → repeat.
 
 One loop for every front-end (TUI, line mode, headless) and for RL rollouts. It stops when the model
-answers without tool calls, or at a limit (turns, wall time, tokens), or on interrupt. It emits the
+answers without tool calls, or at a limit (turns, wall time, tokens), or on interrupt, or when an answer
+is cut off after its tool calls started (status "error"; the calls' results are kept). It emits the
 events of agent.protocol and writes the trajectory as it goes. Errors the model can act on are tool
 observations (the executor's job); errors it cannot (auth, unreachable server) end the run with
 status "error".
@@ -137,7 +138,8 @@ class Agent:
                 self.turn -= 1
                 self._summarize()
                 return self._model_turn(retried_overflow=True)
-            if e.kind == "interrupted" and e.partial is not None:
+            if e.kind in ("interrupted", "cut_off") and e.partial is not None:
+                # Calls already running finish and are recorded, so the session can be resumed.
                 self._assistant(turn, sent, e.partial, calls)
                 self._tool_results(turn, calls, pending.results())
             raise

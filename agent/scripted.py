@@ -8,7 +8,9 @@ A script is a list of turns, each a dict (JSON-friendly, so scripts can live in 
      "status": 500,                                  # answer this request with an HTTP error instead
      "delay_s": 0.01,                                # pause between streamed chunks
      "no_stream": true,                              # answer with one JSON body, as if stream were ignored
-     "drop": true}                                   # cut the connection after the calls, mid-stream
+     "drop": true,                                   # break the connection after the calls, mid-stream
+     "cut": true,                                    # end the stream cleanly there: no finish_reason, no [DONE]
+     "stream_error": "engine died"}                  # end it with an in-stream error object instead
 
 `DeterministicModel` replays a script in-process through the loop's `Model` interface.
 `ScriptedServer` replays it over real HTTP on loopback as an OpenAI-compatible server (SSE streaming,
@@ -255,7 +257,10 @@ class ScriptedServer:
                     for piece in _chunks(args, 16):
                         send([{"index": 0, "delta": {"tool_calls": [{"index": i, "function": {"arguments": piece}}]},
                                "finish_reason": None}])
-                if turn.get("drop"):
+                if turn.get("stream_error"):  # what an OpenAI server sends when it fails mid-stream
+                    self.wfile.write(f"data: {json.dumps({'error': {'message': turn['stream_error']}})}\n\n".encode())
+                    self.wfile.flush()
+                if turn.get("drop") or turn.get("cut") or turn.get("stream_error"):  # a server that died mid-answer
                     self.close_connection = True
                     return
                 send([{"index": 0, "delta": {}, "finish_reason": "tool_calls" if calls else "stop"}])

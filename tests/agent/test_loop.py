@@ -162,20 +162,64 @@ def checked_client(srv: ScriptedServer) -> OpenAIClient:
 
 def test_a_stream_broken_after_a_tool_call_started_is_not_retried(tmp_path):
     """The first call was already handed to the executor when the connection broke: asking again would
-    run it twice. The loop keeps the answer as far as it came (the unfinished second call is dropped)."""
+    run it twice. The loop keeps the answer as far as it came (the unfinished second call is dropped),
+    and stops: the answer was cut, the run did not complete. Resuming goes on from there."""
     turns = [{"content": "Two steps.", "drop": True, "tool_calls": [
                  {"name": "shell", "arguments": {"command": "echo ran >> once.log"}},
                  {"name": "shell", "arguments": {"command": "echo ran >> never.log"}}]},
              {"content": "done"}]
     with ScriptedServer(turns) as srv:
         finished, events, _ = run_in_process(tmp_path, None, model=checked_client(srv))
+        assert finished.status == "error" and "RemoteProtocolError" in finished.error
+        assert (tmp_path / "once.log").read_text() == "ran\n" and not (tmp_path / "never.log").exists()
+        assert not [e for e in events if e.type == "retrying"]
+        finished, _, _ = run_in_process(tmp_path, None, task="go on", model=checked_client(srv),
+                                        resume=finished.session_id)
         requests = srv.chat_requests()
     assert finished.status == "completed" and finished.final_text == "done"
-    assert (tmp_path / "once.log").read_text() == "ran\n" and not (tmp_path / "never.log").exists()
-    assert not [e for e in events if e.type == "retrying"]
-    assert len(requests) == 2
+    assert (tmp_path / "once.log").read_text() == "ran\n" and len(requests) == 2
     assistant = [m for m in requests[1]["messages"] if m["role"] == "assistant"]
     assert len(assistant) == 1 and len(assistant[0]["tool_calls"]) == 1
+
+
+def test_a_stream_that_ends_without_done_or_finish_reason_is_retried(tmp_path):
+    """A server that dies mid-answer may close the stream cleanly: without [DONE] or a finish_reason the
+    text is cut, not final, so it is asked again instead of being accepted as the answer."""
+    turns = [{"content": "The answer is 4", "cut": True}, {"content": "The answer is 42."}]
+    with ScriptedServer(turns) as srv:
+        finished, events, _ = run_in_process(tmp_path, None, model=checked_client(srv))
+        requests = srv.chat_requests()
+    assert finished.status == "completed" and finished.final_text == "The answer is 42."
+    retries = [e for e in events if e.type == "retrying"]
+    assert len(retries) == 1 and "[DONE]" in retries[0].reason and len(requests) == 2
+
+
+def test_an_error_in_the_stream_is_retried_with_its_message(tmp_path):
+    turns = [{"content": "Half an", "stream_error": "engine stopped: CUDA error"}, {"content": "A whole answer."}]
+    with ScriptedServer(turns) as srv:
+        finished, events, _ = run_in_process(tmp_path, None, model=checked_client(srv))
+    assert finished.status == "completed" and finished.final_text == "A whole answer."
+    retries = [e for e in events if e.type == "retrying"]
+    assert len(retries) == 1 and "engine stopped: CUDA error" in retries[0].reason
+
+
+def test_a_stream_cut_after_a_tool_call_started_stops_with_a_clear_status(tmp_path):
+    """Cut (cleanly) after the first call was handed to the executor: that call runs once, the half-sent
+    second one never runs, nothing is asked again, and the run ends as an error saying so, not as a
+    completed answer; the session holds the call and its result, so it can be resumed."""
+    turns = [{"content": "Two steps.", "cut": True, "tool_calls": [
+                 {"name": "shell", "arguments": {"command": "echo ran >> once.log"}},
+                 {"name": "shell", "arguments": {"command": "echo ran >> never.log"}}]},
+             {"content": "done"}]
+    with ScriptedServer(turns) as srv:
+        finished, events, _ = run_in_process(tmp_path, None, model=checked_client(srv))
+        requests = srv.chat_requests()
+    assert finished.status == "error" and "cut off" in finished.error and finished.final_text == ""
+    assert (tmp_path / "once.log").read_text() == "ran\n" and not (tmp_path / "never.log").exists()
+    assert len(requests) == 1 and not [e for e in events if e.type == "retrying"]
+    messages = [json.loads(line) for line in next((tmp_path / ".composer" / "sessions").glob("*.jsonl")).open()]
+    kept = [m["message"] for m in messages if m.get("type") == "message"]
+    assert [m["role"] for m in kept[-2:]] == ["assistant", "tool"] and len(kept[-2]["tool_calls"]) == 1
 
 
 def test_a_stream_broken_before_any_call_is_retried(tmp_path):
