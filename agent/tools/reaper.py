@@ -99,12 +99,18 @@ def _kill_tree(child: int, tracked: bool) -> tuple[int | None, int, list[int]]:
     for sig, grace in ((signal.SIGTERM, TERM_GRACE_S), (signal.SIGKILL, KILL_DEADLINE_S)):
         end = time.monotonic() + grace
         sent: set[int] = set()
+        if sig == signal.SIGTERM:
+            # The group at once, as a terminal's Ctrl-C would: signalled one by one, a child dying
+            # first would let its parent run on a moment (`sleep; echo never` printing "never").
+            in_group = _group_members(me)
+            _send_group(me, sig)
+            sent |= in_group
         while time.monotonic() < end:
             targets = _targets(me, tracked)
             if not targets:
                 break
-            # Once each: processes forked meanwhile are caught on the next sweep.
-            sent |= {pid for pid in targets - sent if _send(pid, sig)}
+            # Parents before children, once each: processes forked meanwhile are caught on the next sweep.
+            sent |= {pid for pid in targets if pid not in sent and _send(pid, sig)}
             time.sleep(POLL_S)
             found = _reap(child)
             status = found if found is not None else status
@@ -114,9 +120,20 @@ def _kill_tree(child: int, tracked: bool) -> tuple[int | None, int, list[int]]:
     return status, len(signalled), sorted(_targets(me, tracked))
 
 
-def _targets(me: int, tracked: bool) -> set[int]:
-    """What a kill must reach: our live descendants; without a subreaper also our process group."""
-    return _live_descendants(me) | (set() if tracked else _group_members(me))
+def _targets(me: int, tracked: bool) -> list[int]:
+    """What a kill must reach, parents first: our live descendants; without a subreaper also our group."""
+    targets = _live_descendants(me)
+    if not tracked:
+        targets += sorted(_group_members(me) - set(targets))
+    return targets
+
+
+def _send_group(me: int, sig: int) -> None:
+    """Signal our process group (the command's, unless it left it); we only note the request ourselves."""
+    try:
+        os.killpg(os.getpgid(me), sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _send(pid: int, sig: int) -> bool:
@@ -144,18 +161,21 @@ def _processes() -> list[tuple[int, int, int, str]]:
     return out
 
 
-def _live_descendants(root: int) -> set[int]:
-    """Descendants of `root` that still run (zombies are dead already: reaping them is enough)."""
-    procs = _processes()
+def _live_descendants(root: int) -> list[int]:
+    """Descendants of `root` that still run, breadth first (parents before their children); zombies
+    are dead already: reaping them is enough."""
     children: dict[int, list[tuple[int, str]]] = {}
-    for pid, ppid, _, state in procs:
+    for pid, ppid, _, state in _processes():
         children.setdefault(ppid, []).append((pid, state))
-    live, todo = set(), [root]
-    while todo:
-        for pid, state in children.get(todo.pop(), []):
-            todo.append(pid)
-            if state != "Z":
-                live.add(pid)
+    live, level = [], [root]
+    while level:
+        nxt = []
+        for parent in level:
+            for pid, state in children.get(parent, []):
+                nxt.append(pid)
+                if state != "Z":
+                    live.append(pid)
+        level = nxt
     return live
 
 
