@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="composer-agent",
         description="Composer: a fast, local-first coding agent. Without --task it opens the interactive "
                     "interface in the current repository.",
-        epilog="Subcommands: `composer-agent index [--rebuild]`, `composer-agent search QUERY [-k N] [--json]`.",
+        epilog="Subcommands: `composer-agent eval SUITE`, `composer-agent index [--rebuild]`, `composer-agent search QUERY [-k N] [--json]`.",
     )
     p.add_argument("--version", action="version", version=f"composer-agent {__version__}")
     p.add_argument("--task", metavar="TEXT", help="run this task headless and print the final answer")
@@ -64,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in SUBCOMMANDS:
         return _subcommand(argv[0], argv[1:])
+    if argv and argv[0] == "eval":
+        from agent.tasks.cli import main as eval_main
+
+        return eval_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
 

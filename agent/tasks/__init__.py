@@ -1,6 +1,7 @@
-"""Tasks: one format for RL training and evaluation (workspace, prompt, hidden verify command, limits)."""
+"""Tasks: one format for RL training and evaluation (workspace source, prompt, hidden verify command,
+limits), isolated workspaces, the suites that ship, the scripted expert and the eval runner."""
 
-from agent.tasks.spec import Task, TaskError, load_tasks
+from agent.tasks.spec import Task, TaskError, load_tasks, write_tasks
 from agent.tasks.workspace import Workspace, verify
 
-__all__ = ["Task", "TaskError", "Workspace", "load_tasks", "verify"]
+__all__ = ["Task", "TaskError", "Workspace", "load_tasks", "verify", "write_tasks"]

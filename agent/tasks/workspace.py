@@ -1,8 +1,10 @@
-"""Isolated workspaces: a fresh copy of the task's folder per episode, verified, then removed.
+"""Isolated workspaces: a private copy of the task's source per episode, verified, then removed.
 
-Many episodes run at once without interfering: each gets its own temporary folder. The verify
-command runs after the episode in that folder, in its own process group, killed with its children at
-the timeout.
+Each episode gets its own temporary folder (a copy of a folder, a `git clone --shared` checked out at
+the task's commit, or files written by a generator), so many episodes run at once without touching
+each other or the source. Only after the episode are the hidden verification files put in place and
+the verify command run, in its own process group, killed with its children at the timeout. The
+agent's final answer is written beside the workspace (not in it) and named by $COMPOSER_ANSWER_FILE.
 """
 
 from __future__ import annotations
@@ -15,39 +17,90 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.tasks.spec import Task
+from agent.tasks.spec import Task, TaskError
 
 
 @dataclass
 class Workspace:
     root: Path
+    task: Task
 
     @classmethod
     def create(cls, task: Task, parent: str | Path | None = None) -> Workspace:
         tmp = Path(tempfile.mkdtemp(prefix=f"composer-{_safe(task.id)}-", dir=parent))
         root = tmp / "repo"
-        shutil.copytree(task.workspace, root, symlinks=True)
-        return cls(root)
+        try:
+            if task.workspace:
+                shutil.copytree(task.workspace, root, symlinks=True)
+            elif task.repo:
+                _git(tmp, "clone", "-q", "--shared", "--no-checkout", task.repo, str(root))
+                _git(root, "checkout", "-q", "--detach", task.commit or "HEAD")
+            else:
+                from agent.tasks.families import materialize
+
+                root.mkdir()
+                materialize(task, root, hidden=False)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return cls(root, task)
+
+    def install_hidden(self) -> None:
+        """Put the verification files in place (after the episode, never before)."""
+        t = self.task
+        if t.hidden:
+            shutil.copytree(t.hidden, self.root, dirs_exist_ok=True)
+        if t.generator:
+            from agent.tasks.families import materialize
+
+            materialize(t, self.root, hidden=True)
+        if t.hidden_patch:
+            p = subprocess.run(["git", "apply", "--whitespace=nowarn", "-"], cwd=self.root, input=t.hidden_patch,
+                               text=True, capture_output=True)
+            if p.returncode != 0:
+                raise TaskError(f"task {t.id}: the hidden patch does not apply: {p.stderr.strip()[:300]}")
+
+    def verify(self, answer: str = "") -> tuple[bool, str]:
+        """Install the hidden files, run the verify command: (passed, the tail of its output)."""
+        answer_file = self.root.parent / "answer.txt"
+        answer_file.write_text(answer, encoding="utf-8")
+        try:
+            self.install_hidden()
+        except (OSError, TaskError) as e:
+            return False, f"verification could not be set up: {e}"
+        return run_verify(self.task.verify, self.root, self.task.verify_timeout_s,
+                          {"COMPOSER_ANSWER_FILE": str(answer_file)})
 
     def cleanup(self) -> None:
         shutil.rmtree(self.root.parent, ignore_errors=True)
 
 
-def verify(task: Task, root: Path) -> tuple[bool, str]:
-    """(passed, the tail of the verify command's output)."""
+def run_verify(command: str, cwd: Path, timeout_s: float, extra_env: dict[str, str] | None = None) -> tuple[bool, str]:
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", **(extra_env or {})}
+    env.pop("TRITON_INTERPRET", None)
     try:
-        proc = subprocess.Popen(["bash", "-c", task.verify], cwd=root, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                                env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+        proc = subprocess.Popen(["bash", "-c", command], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, errors="replace", start_new_session=True, env=env)
     except OSError as e:
         return False, f"verify could not start: {e}"
     try:
-        out, _ = proc.communicate(timeout=task.verify_timeout_s)
+        out, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
-        return False, f"verify timed out after {task.verify_timeout_s} s\n{out[-2000:]}"
+        return False, f"verify timed out after {timeout_s} s\n{out[-2000:]}"
     return proc.returncode == 0, out[-2000:]
+
+
+def verify(task: Task, root: Path, answer: str = "") -> tuple[bool, str]:
+    """Verify a workspace created by Workspace.create (kept for callers holding only the root)."""
+    return Workspace(root, task).verify(answer)
+
+
+def _git(cwd: Path, *args: str) -> None:
+    p = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise TaskError(f"git {' '.join(args[:2])} failed: {p.stderr.strip()[:300]}")
 
 
 def _safe(name: str) -> str:

@@ -1,0 +1,240 @@
+"""Synthetic task families, generated from (family, seed, size): small Python repositories with a
+verifier the agent never sees, and the plan a scripted expert follows to solve them.
+
+- bugfix    one function has an injected bug (wrong operator, constant, off-by-one, swapped arguments,
+            wrong variable) that makes its test fail; "fix it".
+- find-def  "where is X defined?"; answered in text, checked against the file.
+- rename    rename a function everywhere (definition, callers, tests).
+- add-param add a parameter to a function and make its caller use it.
+
+Sizes: small (one module), medium (three), large (five); every repo has `pkg/report.py` calling
+every function and tests under `tests/`. The hidden checker `_hidden/check.py` (plain Python, no pytest)
+re-runs every function's cases plus what the family demands. Everything is a function of (family,
+seed, size): `generate` gives the Task, `materialize` writes its files (hidden ones only for
+verification), `expert_plan` the turns of a correct solution.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.tasks.families import mutate
+from agent.tasks.families.pool import ADD_PARAM, MODULES, Fn, find
+from agent.tasks.spec import Task
+
+FAMILIES = ("bugfix", "find-def", "rename", "add-param")
+SIZES = {"small": 1, "medium": 3, "large": 5}
+VERIFY = "python _hidden/check.py"
+
+
+@dataclass
+class Generated:
+    files: dict[str, str]
+    hidden: dict[str, str]
+    prompt: str
+    plan: list[dict[str, Any]]  # expert turns: {"content", "reasoning", "tool_calls": [{name, arguments}]}
+    meta: dict[str, Any] = field(default_factory=dict)
+    expected_tokens: int = 200
+
+
+def generate(family: str, seed: int, size: str = "small", split: str = "") -> Task:
+    g = build(family, seed, size)
+    return Task(id=f"{family}-{size}-{seed}", prompt=g.prompt, verify=VERIFY, generator=family, seed=seed, size=size,
+                family=family, tag=size, split=split, expected_tokens=g.expected_tokens, meta=g.meta,
+                max_turns=12, max_time_s=300.0)
+
+
+def materialize(task: Task, root: Path, hidden: bool) -> None:
+    g = build(task.generator, task.seed, task.size)
+    for rel, text in (g.hidden if hidden else g.files).items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+
+
+def expert_plan(task: Task) -> list[dict[str, Any]]:
+    return build(task.generator, task.seed, task.size).plan
+
+
+# -- the repository ------------------------------------------------------------------------------------
+
+
+def _modules(rng: random.Random, size: str, must: str | None = None) -> list[str]:
+    names = sorted(MODULES)
+    rng.shuffle(names)
+    if must is not None:
+        names.remove(must)
+        names.insert(0, must)
+    return names[: SIZES[size]]
+
+
+def _repo(modules: list[str], sources: dict[str, str] | None = None,
+          report_calls: dict[str, str] | None = None) -> dict[str, str]:
+    """Files of the repo: pkg modules (sources override), report.py, visible tests, README."""
+    files = {"pkg/__init__.py": "", "README.md": f"# pkg\n\nSmall utilities: {', '.join(modules)}.\n"}
+    report_imports, report_lines = [], []
+    for m in modules:
+        fns = MODULES[m]
+        files[f"pkg/{m}.py"] = (sources or {}).get(m) or "\n\n".join(fn.canonical for fn in fns) + "\n"
+        tests = [f"from pkg.{m} import {', '.join(fn.name for fn in fns)}\n"]
+        for fn in fns:
+            body = "".join(f"    assert {fn.name}({_args(a)}) == {e!r}\n" for a, e in fn.cases)
+            tests.append(f"\ndef test_{fn.name}():\n{body}")
+        files[f"tests/test_{m}.py"] = "\n".join(tests)
+        report_imports.append(f"from pkg.{m} import {', '.join(fn.name for fn in fns)}")
+        for fn in fns:
+            call = (report_calls or {}).get(fn.name) or f"{fn.name}({_args(fn.cases[0][0])})"
+            report_lines.append(f"        {fn.name!r}: {call},")
+    files["pkg/report.py"] = ("\n".join(report_imports) + "\n\n\ndef summary():\n    return {\n"
+                              + "\n".join(report_lines) + "\n    }\n")
+    return files
+
+
+def _args(args: tuple) -> str:
+    return ", ".join(repr(a) for a in args)
+
+
+def _checker(cases: list[tuple[str, str, tuple, Any]], extra: str = "") -> dict[str, str]:
+    """_hidden/check.py: call each (module, function, args) and compare; plus `extra` checks."""
+    return {"_hidden/check.py": (
+        "import importlib, json, sys\nsys.path.insert(0, '.')\n"
+        f"CASES = json.loads({json.dumps(json.dumps([[m, f, list(a), e] for m, f, a, e in cases]))})\n"
+        "bad = []\nfor mod, fn, args, want in CASES:\n"
+        "    try:\n        got = getattr(importlib.import_module('pkg.' + mod), fn)(*args)\n"
+        "    except Exception as e:\n        got = repr(e)\n"
+        "    if isinstance(want, list) and isinstance(got, tuple):\n        got = list(got)\n"
+        "    if got != want:\n        bad.append(f'{mod}.{fn}{tuple(args)} = {got!r}, expected {want!r}')\n"
+        + extra + "print('\\n'.join(bad) or 'ok')\nsys.exit(1 if bad else 0)\n")}
+
+
+def _all_cases(modules: list[str], skip: set[str] = frozenset()) -> list[tuple[str, str, tuple, Any]]:
+    return [(m, fn.name, a, e) for m in modules for fn in MODULES[m] if fn.name not in skip for a, e in fn.cases]
+
+
+def _call(name: str, **args: Any) -> dict[str, Any]:
+    return {"name": name, "arguments": args}
+
+
+def _test_cmd(module: str) -> str:
+    return f"python -m pytest -q -p no:cacheprovider tests/test_{module}.py"
+
+
+# -- families ------------------------------------------------------------------------------------------
+
+
+def build(family: str, seed: int, size: str) -> Generated:
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r} (known: {', '.join(FAMILIES)})")
+    if size not in SIZES:
+        raise ValueError(f"unknown size {size!r} (known: {', '.join(SIZES)})")
+    rng = random.Random(f"{family}:{size}:{seed}")
+    return {"bugfix": _bugfix, "find-def": _find_def, "rename": _rename, "add-param": _add_param}[family](rng, size)
+
+
+def _bugfix(rng: random.Random, size: str) -> Generated:
+    modules = _modules(rng, size)
+    target_mod = modules[rng.randrange(len(modules))]
+    fns = MODULES[target_mod]
+    order = list(range(len(fns)))
+    rng.shuffle(order)
+    for i in order:
+        fn = fns[i]
+        bug = mutate.inject(fn, rng)
+        if bug is not None:
+            break
+    else:  # every function of the pool has at least one breaking mutation: cannot happen
+        raise RuntimeError(f"no breaking mutation in {target_mod}")
+    kind, bad_source = bug
+    module_src = "\n\n".join(bad_source if f is fn else f.canonical for f in fns) + "\n"
+    files = _repo(modules, {target_mod: module_src})
+    path = f"pkg/{target_mod}.py"
+    old, new = mutate.edit_strings(module_src, fn.canonical, bad_source)
+    prompt = rng.choice([f"tests/test_{target_mod}.py is failing, can you fix it?",
+                         f"something's wrong with {fn.name}() — the tests fail. fix the bug, not the tests",
+                         f"test_{fn.name} fails. please fix"])
+    plan = [
+        {"reasoning": f"Run the failing tests and read {path} at the same time.",
+         "tool_calls": [_call("shell", command=_test_cmd(target_mod)), _call("read_file", path=path)]},
+        {"reasoning": f"{fn.name} has a {kind.replace('_', ' ')} bug.", "tool_calls": [
+            _call("edit_file", path=path, old_string=old, new_string=new)]},
+        {"tool_calls": [_call("shell", command=_test_cmd(target_mod))]},
+        {"content": f"Fixed `{fn.name}` in {path}: the {kind.replace('_', ' ')} is corrected and the tests pass."},
+    ]
+    return Generated(files, _checker(_all_cases(modules)), prompt, plan,
+                     {"function": fn.name, "module": path, "mutation": kind}, expected_tokens=250)
+
+
+def _find_def(rng: random.Random, size: str) -> Generated:
+    modules = _modules(rng, size)
+    target_mod = modules[rng.randrange(len(modules))]
+    fn = rng.choice(MODULES[target_mod])
+    files = _repo(modules)
+    path = f"pkg/{target_mod}.py"
+    line = files[path].splitlines().index(next(ln for ln in files[path].splitlines()
+                                               if ln.startswith(f"def {fn.name}("))) + 1
+    prompt = rng.choice([f"where is {fn.name} defined?", f"which file has the definition of `{fn.name}`?",
+                         f"find where {fn.name} is implemented"])
+    extra = (f"answer = open(__import__('os').environ['COMPOSER_ANSWER_FILE']).read()\n"
+             f"if {path!r} not in answer:\n    bad.append('the answer does not name {path}')\n")
+    plan = [{"tool_calls": [_call("grep", pattern=f"def {fn.name}\\(")]},
+            {"content": f"`{fn.name}` is defined in {path}, line {line}."}]
+    return Generated(files, _checker(_all_cases(modules), extra), prompt, plan,
+                     {"function": fn.name, "module": path, "line": line}, expected_tokens=60)
+
+
+def _rename(rng: random.Random, size: str) -> Generated:
+    modules = _modules(rng, size)
+    target_mod = modules[rng.randrange(len(modules))]
+    fn = rng.choice(MODULES[target_mod])  # report.py calls it too: there are callers to update
+    new = rng.choice(["compute_", "calc_", "get_"]) + fn.name
+    files = _repo(modules)
+    users = sorted(p for p, text in files.items() if mutate.uses_name(text, fn.name))
+    cases = [(m, new if f == fn.name else f, a, e) for m, f, a, e in _all_cases(modules)]
+    extra = ("import pathlib, re\n"
+             f"for p in list(pathlib.Path('pkg').rglob('*.py')) + list(pathlib.Path('tests').rglob('*.py')):\n"
+             f"    if re.search(r'\\b{fn.name}\\b', p.read_text()):\n"
+             f"        bad.append(f'{{p}} still mentions {fn.name}')\n"
+             f"rep = importlib.import_module('pkg.report').summary()\n"
+             f"if rep.get({new!r}) != {fn.cases[0][1]!r}:\n    bad.append('report.summary() changed')\n")
+    prompt = rng.choice([f"rename {fn.name} to {new} everywhere", f"can you rename `{fn.name}` -> `{new}`? "
+                         "callers and tests too"])
+    sed = f"sed -i 's/\\b{fn.name}\\b/{new}/g' " + " ".join(users)
+    plan = [{"tool_calls": [_call("grep", pattern=f"\\b{fn.name}\\b")]},
+            {"reasoning": f"{len(users)} files use it; rename them all in one go.",
+             "tool_calls": [_call("shell", command=sed)]},
+            {"tool_calls": [_call("grep", pattern=f"\\b{fn.name}\\b"), _call("shell", command="python -m pytest -q -p no:cacheprovider tests")]},
+            {"content": f"Renamed `{fn.name}` to `{new}` in {', '.join(users)}; the tests pass."}]
+    return Generated(files, _checker(cases, extra), prompt, plan,
+                     {"function": fn.name, "new_name": new, "files": users}, expected_tokens=200)
+
+
+def _add_param(rng: random.Random, size: str) -> Generated:
+    name, param, default, desc, new_source, extra_cases = ADD_PARAM[rng.randrange(len(ADD_PARAM))]
+    target_mod, fn = find(name)
+    modules = _modules(rng, size, must=target_mod)
+    args, want = extra_cases[0]
+    call_args = list(args)
+    value = call_args.pop()
+    positional = _args(tuple(call_args))
+    new_call = f"{name}({positional}, {param}={value!r})"
+    files = _repo(modules)
+    path = f"pkg/{target_mod}.py"
+    old_call = f"{name}({_args(fn.cases[0][0])})"
+    new_canonical = Fn(name, new_source, ()).canonical
+    cases = [c for c in _all_cases(modules)] + [(target_mod, name, a, e) for a, e in extra_cases]
+    extra = (f"rep = importlib.import_module('pkg.report').summary()\n"
+             f"if rep.get({name!r}) != {want!r}:\n"
+             f"    bad.append('report.summary()[%r] = %r, expected %r' % ({name!r}, rep.get({name!r}), {want!r}))\n")
+    prompt = rng.choice([f"give {name}() {desc}, and make report.summary() call it with {param}={value!r}",
+                         f"{name} needs {desc}. update the caller in report.py to pass {param}={value!r}"])
+    plan = [{"tool_calls": [_call("read_file", path=path), _call("read_file", path="pkg/report.py")]},
+            {"tool_calls": [_call("edit_file", path=path, old_string=fn.canonical, new_string=new_canonical),
+                            _call("edit_file", path="pkg/report.py", old_string=old_call, new_string=new_call)]},
+            {"tool_calls": [_call("shell", command="python -m pytest -q -p no:cacheprovider tests")]},
+            {"content": f"`{name}` now takes `{param}` (default {default}); report.summary() passes {param}={value!r}."}]
+    return Generated(files, _checker(cases, extra), prompt, plan,
+                     {"function": name, "param": param, "module": path}, expected_tokens=220)

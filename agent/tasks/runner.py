@@ -1,0 +1,123 @@
+"""One episode of a task through the normal agent loop (what `composer-agent --task` runs), verified.
+
+Shared by `composer-agent eval` and by RL rollouts (train/rollout.py adds token-exact samples and
+rewards on top). The shell runs under bubblewrap when it is installed (no network, writes only in the
+workspace) unless told otherwise. An episode the harness could not finish through no fault of the
+model (a server error, an exception in the harness) has `infra_error` set: evaluation reports it
+apart and training masks it, neither scores it as a failure.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+import traceback
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from agent.approval import Approvals
+from agent.config import Config
+from agent.runtime import build
+from agent.tasks.spec import Task
+from agent.tasks.workspace import Workspace
+
+
+@dataclass
+class EpisodeResult:
+    task_id: str
+    status: str
+    passed: bool = False
+    final_text: str = ""
+    infra_error: str | None = None
+    session_path: str | None = None
+    turns: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    tool_calls: int = 0
+    turns_with_calls: int = 0
+    duration_s: float = 0.0
+    verify_s: float = 0.0
+    verify_output: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tool_calls_per_turn(self) -> float:
+        return self.tool_calls / self.turns_with_calls if self.turns_with_calls else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in ("task_id", "status", "passed", "infra_error", "session_path", "turns",
+                                           "prompt_tokens", "completion_tokens", "tool_calls", "duration_s",
+                                           "verify_s")}
+        return d | {"tool_calls_per_turn": round(self.tool_calls_per_turn, 3), **self.extra}
+
+
+def sandbox_available() -> bool:
+    return shutil.which("bwrap") is not None
+
+
+def episode_config(base: Config, task: Task, sandbox: bool | None = None) -> Config:
+    """The run's configuration with the task's limits (and the sandbox where it can be had)."""
+    return replace(base, max_turns=task.max_turns, max_time_s=task.max_time_s, token_budget=task.token_budget,
+                   approval="auto", sandbox=sandbox_available() if sandbox is None else sandbox)
+
+
+def run_episode(task: Task, config: Config, *, keep_dir: Path | None = None, label: str = "",
+                sandbox: bool | None = None, on_session=None) -> EpisodeResult:
+    """Run `task` once in a fresh workspace; the session file is copied into `keep_dir` if given.
+    `on_session(path)` may look at the session before the workspace is removed."""
+    start = time.monotonic()
+    ws: Workspace | None = None
+    try:
+        ws = Workspace.create(task)
+        cfg = episode_config(config, task, sandbox)
+        try:
+            rt = build(cfg, ws.root, emit=lambda e: None, approve=Approvals("auto"))
+            finished = rt.agent.run(task.prompt, rt.system)
+            rt.session.close()
+        except Exception as e:  # noqa: BLE001 - the harness failed, not the model
+            return EpisodeResult(task.id, "error", infra_error=f"{type(e).__name__}: {e}",
+                                 duration_s=time.monotonic() - start)
+        session_path = Path(rt.session.path)
+        if keep_dir is not None:
+            keep_dir.mkdir(parents=True, exist_ok=True)
+            name = f"{_safe(task.id)}{'-' + label if label else ''}-{rt.session.id}.jsonl"
+            session_path = Path(shutil.copy(session_path, keep_dir / name))
+        res = EpisodeResult(task.id, finished.status, final_text=finished.final_text, session_path=str(session_path),
+                            turns=finished.turns, prompt_tokens=finished.prompt_tokens,
+                            completion_tokens=finished.completion_tokens)
+        _count_calls(res, session_path)
+        if finished.status in ("error", "interrupted"):
+            res.infra_error = finished.error or finished.status
+        else:
+            t0 = time.monotonic()
+            res.passed, res.verify_output = ws.verify(finished.final_text)
+            res.verify_s = time.monotonic() - t0
+        if on_session is not None:
+            on_session(res)
+        res.duration_s = time.monotonic() - start
+        return res
+    except Exception:  # noqa: BLE001 - one broken episode must not take a whole run down
+        return EpisodeResult(task.id, "error", infra_error=traceback.format_exc(limit=3),
+                             duration_s=time.monotonic() - start)
+    finally:
+        if ws is not None:
+            ws.cleanup()
+
+
+def _count_calls(res: EpisodeResult, session_path: Path) -> None:
+    import json
+
+    with open(session_path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                break
+            if rec.get("type") == "tools" and rec.get("calls"):
+                res.tool_calls += len(rec["calls"])
+                res.turns_with_calls += 1
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)[:60]
