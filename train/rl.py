@@ -182,6 +182,10 @@ def run(model_dir: str | Path, tasks: list[Task], out: str | Path, cfg: RLConfig
         reward: RewardConfig | None = None, resume: bool = False, base_url: str | None = None,
         api_key: str | None = None, served_name: str = "policy", progress: Progress | None = None) -> list[dict]:
     """Run RL; returns the metrics of every step (also in OUT/metrics.jsonl)."""
+    heldout = [t.id for t in tasks if t.split == "heldout"]
+    if heldout:
+        raise ValueError(f"{len(heldout)} held-out tasks (e.g. {heldout[0]}) are in the training set: "
+                         "held-out tasks are for evaluation only")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     loss = loss or LossConfig()

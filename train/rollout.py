@@ -10,18 +10,13 @@ masked out of training, never scored 0.
 
 from __future__ import annotations
 
-import shutil
-import time
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.approval import Approvals
 from agent.config import Config
-from agent.runtime import build
-from agent.session import load
-from agent.tasks import Task, Workspace, verify
+from agent.session import SessionData, load
+from agent.tasks import Task, runner
 from train.rewards import EpisodeStats, compose, episode_stats
 from train.samples import Sample, TrajectoryError, build_samples
 
@@ -64,52 +59,34 @@ class RolloutConfig:
     context_window: int | None = None
     """Context window the agent budgets for (default: the server's)."""
     request_timeout_s: float = 600.0
+    sandbox: bool | None = None
+    """Shell commands under bubblewrap (default: when it is installed)."""
 
 
 def run_episode(task: Task, group: int, cfg: RolloutConfig, reward_fn=None, *, keep_dir: Path | None = None,
                 spec_hash: str | None = None) -> Episode:
-    """Run `task` once; the session file is copied into `keep_dir` if given."""
+    """Run `task` once through agent.tasks.runner (the session file is copied into `keep_dir`)."""
     reward_fn = reward_fn or compose_default()
-    start = time.monotonic()
-    ws = Workspace.create(task)
-    try:
-        config = Config(base_url=cfg.base_url, model=cfg.model, api_key=cfg.api_key, temperature=cfg.temperature,
-                        max_output_tokens=cfg.max_output_tokens, record_tokens=True, max_turns=task.max_turns,
-                        max_time_s=task.max_time_s, token_budget=task.token_budget, approval="auto",
-                        context_window=cfg.context_window, request_timeout_s=cfg.request_timeout_s, max_retries=2)
-        try:
-            rt = build(config, ws.root, emit=lambda e: None, approve=Approvals("auto"))
-            finished = rt.agent.run(task.prompt, rt.system)
-            rt.session.close()
-        except Exception as e:  # noqa: BLE001 - the harness failed, not the model: mask the episode
-            return Episode(task.id, group, "error", infra_error=f"{type(e).__name__}: {e}",
-                           duration_s=time.monotonic() - start)
-        session_path = Path(rt.session.path)
-        if keep_dir is not None:
-            keep_dir.mkdir(parents=True, exist_ok=True)
-            session_path = Path(shutil.copy(session_path, keep_dir / f"{task.id}-{group}-{rt.session.id}.jsonl"))
-        ep = Episode(task.id, group, finished.status, session_path=str(session_path))
-        if finished.status == "error" or finished.status == "interrupted":
-            ep.infra_error = finished.error or finished.status
-            ep.duration_s = time.monotonic() - start
-            return ep
-        t0 = time.monotonic()
-        ep.passed, _ = verify(task, ws.root)
-        ep.verify_s = time.monotonic() - t0
-        data = load(session_path)
-        try:
-            ep.samples = build_samples(data, spec_hash=spec_hash)
-        except TrajectoryError as e:
-            ep.infra_error = str(e)
-        ep.stats = episode_stats(data, ep.passed)
-        ep.reward, ep.components = reward_fn(ep.stats, task.as_dict())
-        ep.duration_s = time.monotonic() - start
+    config = Config(base_url=cfg.base_url, model=cfg.model, api_key=cfg.api_key, temperature=cfg.temperature,
+                    max_output_tokens=cfg.max_output_tokens, record_tokens=True, context_window=cfg.context_window,
+                    request_timeout_s=cfg.request_timeout_s, max_retries=2)
+    loaded: list[SessionData] = []
+    res = runner.run_episode(task, config, keep_dir=keep_dir, label=str(group), sandbox=cfg.sandbox,
+                             on_session=lambda r: loaded.append(load(Path(r.session_path))))
+    ep = Episode(task.id, group, res.status, passed=res.passed, infra_error=res.infra_error,
+                 session_path=res.session_path, duration_s=res.duration_s, verify_s=res.verify_s)
+    if ep.infra_error or not loaded:
+        ep.infra_error = ep.infra_error or "no session was recorded"
         return ep
-    except Exception:  # noqa: BLE001 - never let one episode take the run down
-        return Episode(task.id, group, "error", infra_error=traceback.format_exc(limit=3),
-                       duration_s=time.monotonic() - start)
-    finally:
-        ws.cleanup()
+    data = loaded[0]
+    try:
+        ep.samples = build_samples(data, spec_hash=spec_hash)
+    except TrajectoryError as e:
+        ep.infra_error = str(e)
+        return ep
+    ep.stats = episode_stats(data, ep.passed)
+    ep.reward, ep.components = reward_fn(ep.stats, task.as_dict())
+    return ep
 
 
 def compose_default():

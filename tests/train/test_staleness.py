@@ -38,8 +38,18 @@ def test_a_group_left_with_one_episode_is_skipped():
 
 
 def test_task_order_is_a_function_of_seed_and_batch(tmp_path):
-    tasks = [Task(f"t{i}", str(tmp_path), "p", "true") for i in range(5)]
+    tasks = [Task(f"t{i}", "p", "true", workspace=str(tmp_path)) for i in range(5)]
     a = [t.id for k in range(5) for t in tasks_for_batch(tasks, k, 2, seed=3)]
     assert a == [t.id for k in range(5) for t in tasks_for_batch(tasks, k, 2, seed=3)]
     assert sorted(a[:5]) == sorted(t.id for t in tasks)  # an epoch covers every task once
     assert a != [t.id for k in range(5) for t in tasks_for_batch(tasks, k, 2, seed=4)]
+
+
+def test_training_refuses_held_out_tasks(tiny, tmp_path):
+    import pytest
+
+    from agent.tasks.suites import builtin
+    from train.rl import run
+
+    with pytest.raises(ValueError, match="held-out"):
+        run(tiny, builtin("synthetic-heldout", 1), tmp_path / "run", RLConfig(steps=1))

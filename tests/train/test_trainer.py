@@ -15,7 +15,7 @@ from train.trainer import Trainer, TrainerConfig
 def rollout_samples(ckpt, workspace, n: int = 2):
     srv = start_server(ckpt, "--served-model-name", "policy", "--dtype", "float32")
     try:
-        task = Task("t", str(workspace), "say hello", "true", max_turns=2)
+        task = Task("t", "say hello", "true", workspace=str(workspace), max_turns=2)
         cfg = RolloutConfig(srv.base_url, "policy", max_output_tokens=32)
         eps = [run_episode(task, 0, cfg) for _ in range(n)]
     finally:
