@@ -3,6 +3,7 @@
     composer-train rl --model DIR --tasks TASKS.jsonl --out RUN [--steps N --max-staleness 1 ...] [--resume]
     composer-train sft --model DIR --out OUT SESSION.jsonl|DIR ...
     composer-train check SESSION.jsonl --model DIR
+    composer-train expert-data SUITE --model DIR --out OUT    # token-exact SFT data from the scripted expert
 
 Exit codes: 0 done, 1 a check failed, 2 bad usage or input (the message says which).
 """
@@ -54,6 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
     sft.add_argument("--seed", type=int, default=0)
     sft.add_argument("--no-mxfp8", action="store_true")
 
+    exp = sub.add_parser("expert-data", help="record the scripted expert solving a suite, token-exact for a model")
+    exp.add_argument("suite", help="a synthetic suite name or tasks JSONL with generator tasks")
+    exp.add_argument("--model", required=True, help="the checkpoint whose chat format renders the data")
+    exp.add_argument("--out", required=True, help="folder: sessions/, results.jsonl, report.json")
+    exp.add_argument("--concurrency", type=int, default=4)
+    exp.add_argument("--limit", type=int, help="only the first N tasks")
+
     chk = sub.add_parser("check", help="verify a trajectory is token-exact for a model; report the log-prob gap")
     chk.add_argument("session", help="session JSONL recorded with --record-tokens")
     chk.add_argument("--model", required=True, help="the checkpoint that served it")
@@ -66,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"rl": _rl, "sft": _sft, "check": _check}[args.command](args)
+        return {"rl": _rl, "sft": _sft, "check": _check, "expert-data": _expert_data}[args.command](args)
     except (ValueError, FileNotFoundError) as e:  # bad input: a clear message, no traceback
         print(f"composer-train: error: {e}", file=sys.stderr)
         return 2
@@ -152,6 +160,21 @@ def _sft(args) -> int:
     progress.close()
     trainer.save(args.out, state={"sft_steps": step})
     print(f"composer-train: {step} SFT steps on {len(samples)} samples; wrote {args.out}")
+    return 0
+
+
+def _expert_data(args) -> int:
+    from agent.tasks import load_tasks
+    from train.expert_data import record
+
+    tasks = [t for t in load_tasks(args.suite) if t.generator]
+    if not tasks:
+        raise ValueError(f"{args.suite} has no generated tasks: the expert knows only the synthetic families")
+    if any(t.split == "heldout" for t in tasks):
+        raise ValueError("refusing to make training data from held-out tasks")
+    report = record(_model_dir(args.model), tasks[: args.limit] if args.limit else tasks, args.out, args.concurrency)
+    print(f"composer-train: {report['overall']['episodes']} expert episodes (pass@1 {report['overall'].get('pass@1')}); "
+          f"sessions in {Path(args.out) / 'sessions'}")
     return 0
 
 

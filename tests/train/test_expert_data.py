@@ -1,0 +1,34 @@
+"""The expert's trajectories, recorded through the real harness, are token-exact for the model's chat
+format: each episode is one append-only sample, and SFT trains on them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from agent.session import load
+from agent.tools import default_registry
+from serve.chat_format import ChatFormat
+from train.samples import build_samples
+
+
+def test_expert_data_is_one_append_only_sample_per_episode_and_trains(tiny, tmp_path):
+    out = tmp_path / "data"
+    r = subprocess.run([sys.executable, "-m", "train.cli", "expert-data", "synthetic-small", "--model", str(tiny),
+                        "--out", str(out), "--limit", "4", "--concurrency", "2"], capture_output=True, text=True,
+                       timeout=600, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((out / "report.json").read_text())["overall"]["pass@1"] == 1.0
+    chat = ChatFormat(tiny)
+    sessions = sorted((out / "sessions").glob("*.jsonl"))
+    assert len(sessions) == 4
+    for path in sessions:
+        data = load(path)
+        samples = build_samples(data, chat=chat, spec_hash=default_registry().spec_hash())
+        turns = sum(1 for rec in data.records if rec["type"] == "request")
+        assert len(samples) == 1 and samples[0].requests == turns >= 2  # every turn extends the last
+    r = subprocess.run([sys.executable, "-m", "train.cli", "sft", str(out / "sessions"), "--model", str(tiny),
+                        "--out", str(tmp_path / "sft"), "--batch", "2"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "sft" / "composer_policy.json").exists()
