@@ -23,7 +23,9 @@ With `record_tokens` the request also asks for token ids and logprobs (composer-
 from __future__ import annotations
 
 import json
+import queue
 import secrets
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -110,7 +112,7 @@ class OpenAIClient:
         headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
         self.http = httpx.Client(headers=headers, timeout=httpx.Timeout(
             connect=10.0, read=config.request_timeout_s, write=60.0, pool=10.0))
-        self._response: Any = None
+        self._feed: _Feed | None = None
 
     # -- start-up check -------------------------------------------------------------------------------
 
@@ -171,29 +173,31 @@ class OpenAIClient:
                     raise ModelError("interrupted", "interrupted") from None
 
     def interrupt(self) -> None:
-        """Unblock a stream waiting on the network (called from another thread)."""
-        r = self._response
-        if r is not None:
-            try:
-                r.close()
-            except Exception:  # noqa: BLE001 - closing a dying stream may fail in many ways
-                pass
+        """Close the connection of the request under way (called from another thread): the server stops
+        working on it, and the stream waiting on it ends at once, even before the first byte came back."""
+        feed = self._feed
+        if feed is not None:
+            feed.close()
 
     def _stream(self, body, tools, cb: StreamCallbacks, cancel: threading.Event) -> ModelTurn:
         httpx = self._httpx
         url = f"{self.base_url}/chat/completions"
         start = time.monotonic()
         acc = _Accumulator(tools, cb, start, _Tokens(self.base_url) if body.get("return_token_ids") else None)
+        feed = self._feed = _Feed(self.http, url, body)
+        whole = False  # the stream came to its end: leave the connection to the pool
         try:
-            with self.http.stream("POST", url, json=body) as r:
-                self._response = r
-                if r.status_code != 200:
-                    r.read()
-                    self._raise_for_status(r)
-                if "text/event-stream" not in r.headers.get("content-type", "text/event-stream"):
-                    acc.whole_response(_json_body(r.read(), url))
-                    return acc.finish(body)
-                ended = self._read_events(r, acc, body, cancel)
+            r = feed.next(cancel)
+            if r is _CANCELLED:
+                raise ModelError("interrupted", "interrupted", partial=acc.finish(body, partial=True))
+            if r.status_code != 200:
+                self._raise_for_status(r)
+            if "text/event-stream" not in r.headers.get("content-type", "text/event-stream"):
+                acc.whole_response(_json_body(r.content, url))
+                whole = True
+                return acc.finish(body)
+            ended = self._read_events(feed, acc, body, cancel)
+            whole = ended or acc.finish_reason is not None
         except ModelError:
             raise
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError,
@@ -204,16 +208,21 @@ class OpenAIClient:
                 _cut_off(acc, body, f"{type(e).__name__} talking to {url}: {_reason(e)}")
             ended = True  # the answer was whole; only [DONE] or the usage chunk was lost
         finally:
-            self._response = None
+            if not whole or cancel.is_set():
+                feed.close()
+            self._feed = None
         if not ended and acc.finish_reason is None:
             _cut_off(acc, body, acc.stream_error or f"the stream from {url} ended without [DONE] or a finish_reason")
         return acc.finish(body)
 
-    def _read_events(self, r, acc: _Accumulator, body, cancel: threading.Event) -> bool:
+    def _read_events(self, feed: _Feed, acc: _Accumulator, body, cancel: threading.Event) -> bool:
         """Feed the SSE events to `acc`; True when the stream ended with [DONE]."""
-        for line in r.iter_lines():
-            if cancel.is_set():
+        while True:
+            line = feed.next(cancel)
+            if line is _CANCELLED:
                 raise ModelError("interrupted", "interrupted", partial=acc.finish(body, partial=True))
+            if line is None:
+                return False
             if not line.startswith("data:"):
                 continue
             data = line[5:].strip()
@@ -227,7 +236,6 @@ class OpenAIClient:
                 acc.stream_error = f"the server reported an error mid-stream: {_stream_error_message(obj['error'])}"
                 continue
             acc.chunk(obj)
-        return False
 
     def _raise_for_status(self, r) -> None:
         status, message = r.status_code, _error_message(r)
@@ -246,6 +254,82 @@ class OpenAIClient:
         if status == 400 and "context" in lowered and any(w in lowered for w in ("length", "maximum", "long")):
             raise ModelError(f"the prompt is too long for the model: {message}", "context_overflow", 400)
         raise ModelError(f"HTTP {status} from {self.base_url}: {message}", "request", status)
+
+
+_CANCELLED: Any = object()
+_POLL_S = 0.02  # how often a wait on the network looks at the cancel flag
+
+
+class _Feed:
+    """One streamed request, read by a thread of its own: the response, then its lines, then None.
+
+    The caller waits on a queue, not on the socket, so an interrupt takes effect at once whatever the
+    server is doing (a slow prefill sends nothing for seconds). `close()` shuts the socket down, which
+    wakes a blocked read at once; a close() alone would not, and the server would not notice."""
+
+    def __init__(self, http, url: str, body: dict[str, Any]):
+        self.queue: queue.Queue[Any] = queue.Queue()
+        self.closed = threading.Event()
+        self.sockets: list[socket.socket] = []
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._run, args=(http, url, body), name="model-stream", daemon=True)
+        self.thread.start()
+
+    def _trace(self, name: str, info: dict[str, Any]) -> None:
+        if name == "connection.connect_tcp.complete":  # a new connection: kept so close() can reach it early
+            self._keep(info.get("return_value"))
+
+    def _keep(self, stream: Any) -> None:
+        sock = stream.get_extra_info("socket") if stream is not None else None
+        if sock is not None:
+            with self.lock:
+                self.sockets.append(sock)
+            if self.closed.is_set():
+                self._shutdown()
+
+    def _run(self, http, url: str, body: dict[str, Any]) -> None:
+        try:
+            with http.stream("POST", url, json=body, extensions={"trace": self._trace}) as r:
+                self._keep(r.extensions.get("network_stream"))
+                if self.closed.is_set():
+                    return
+                if r.status_code != 200 or "text/event-stream" not in r.headers.get(
+                        "content-type", "text/event-stream"):
+                    r.read()
+                self.queue.put(r)
+                for line in r.iter_lines():
+                    if self.closed.is_set():
+                        return
+                    self.queue.put(line)
+            self.queue.put(None)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller, which decides
+            self.queue.put(e)
+
+    def next(self, cancel: threading.Event) -> Any:
+        """The next item (the response, a line, or None at the end), or _CANCELLED; errors are raised."""
+        while True:
+            if cancel.is_set():
+                return _CANCELLED
+            try:
+                item = self.queue.get(timeout=_POLL_S)
+            except queue.Empty:
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            return item
+
+    def close(self) -> None:
+        self.closed.set()
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        with self.lock:
+            sockets = list(self.sockets)
+        for sock in sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:  # already closed
+                pass
 
 
 def _cut_off(acc: _Accumulator, body: dict[str, Any], why: str) -> None:

@@ -164,9 +164,10 @@ class Agent:
             "timings": {"ttft_s": round(reply.ttft_s, 4), "model_s": round(reply.duration_s, 4)},
             "finish_reason": reply.finish_reason, "reasoning": reply.reasoning, **_tokens(reply),
         })
+        context_before = self._context_used()
         self._append(assistant)
         self.emit(AssistantMessage(turn, reply.content, assistant.get("tool_calls", [])))
-        self._account(reply, sent)
+        self._account(reply, sent, context_before)
 
     def _tool_results(self, turn: int, calls: list[ToolCall], results: list[ToolResult]) -> None:
         for call, result in zip(calls, results, strict=True):
@@ -176,15 +177,21 @@ class Agent:
                 {"id": c.id, "name": c.name, "ok": r.ok, "duration_s": round(r.duration_s, 4)}
                 for c, r in zip(calls, results, strict=True)]})
 
-    def _account(self, reply: ModelTurn, sent: int) -> None:
+    def _account(self, reply: ModelTurn, sent: int, context_before: int) -> None:
         u = reply.usage
         self.prompt_tokens += u.prompt_tokens
         self.completion_tokens += u.completion_tokens
-        self._last_prompt = (u.prompt_tokens + u.completion_tokens, sent + 1)
-        gen_s = max(1e-6, reply.duration_s - reply.ttft_s)
-        self.emit(UsageReport(self.turn, u.prompt_tokens, u.completion_tokens, self.prompt_tokens,
-                              self.completion_tokens, self.window, round(reply.ttft_s, 4),
-                              round(u.completion_tokens / gen_s, 2), u.estimated))
+        prompt = u.prompt_tokens
+        if u.estimated and self._last_prompt[0]:
+            # An estimate (an interrupted request has no usage) never replaces the server's real figure:
+            # the context is at least what the last real count and the messages since then make.
+            prompt = max(prompt, context_before)
+        self._last_prompt = (prompt + u.completion_tokens, sent + 1)
+        gen_s = reply.duration_s - reply.ttft_s
+        # A speed needs tokens streamed over a measurable time: none when the turn ended before them.
+        speed = round(u.completion_tokens / gen_s, 2) if gen_s > 0.001 and u.completion_tokens else 0.0
+        self.emit(UsageReport(self.turn, prompt, u.completion_tokens, self.prompt_tokens,
+                              self.completion_tokens, self.window, round(reply.ttft_s, 4), speed, u.estimated))
 
     # -- tools' events --------------------------------------------------------------------------------
 

@@ -291,7 +291,7 @@ class Status:
             # What the next request will carry: the last prompt plus the answer it produced.
             self.context_used = event.prompt_tokens + event.completion_tokens
             self.context_window = event.context_window
-            if event.completion_tokens:
+            if event.completion_tokens and event.tokens_per_s > 0:
                 self.tokens_per_s = event.tokens_per_s
         elif isinstance(event, Finished):
             self.running_since, self.last_elapsed = None, event.duration_s

@@ -7,6 +7,8 @@ A script is a list of turns, each a dict (JSON-friendly, so scripts can live in 
      "text_tool_calls": "hermes" | "qwen3_coder",   # write the calls into content instead
      "status": 500,                                  # answer this request with an HTTP error instead
      "delay_s": 0.01,                                # pause between streamed chunks
+     "prefill_s": 3.0,                               # think this long before the first chunk (a slow prefill)
+     "headers_late": true,                           # … and send no response headers before it either
      "no_stream": true,                              # answer with one JSON body, as if stream were ignored
      "drop": true,                                   # break the connection after the calls, mid-stream
      "cut": true,                                    # end the stream cleanly there: no finish_reason, no [DONE]
@@ -14,7 +16,8 @@ A script is a list of turns, each a dict (JSON-friendly, so scripts can live in 
 
 `DeterministicModel` replays a script in-process through the loop's `Model` interface.
 `ScriptedServer` replays it over real HTTP on loopback as an OpenAI-compatible server (SSE streaming,
-structured tool-call deltas, usage), recording every request it receives. A request without `tools`
+structured tool-call deltas, usage), recording every request it receives. It honours `max_tokens` as a
+server would: an answer longer than that (4 characters a token) is cut there, finish_reason "length". A request without `tools`
 (how the loop asks for a summary) is answered from `summaries` instead of the script.
 
     python -m agent.scripted SCRIPT.json [--port 8000]     # serve a script for demos
@@ -221,6 +224,8 @@ class ScriptedServer:
                                  "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}})
 
             def _stream(self, body: dict[str, Any], turn: dict[str, Any]) -> None:
+                if turn.get("headers_late"):
+                    time.sleep(turn.get("prefill_s", 0))
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Cache-Control", "no-cache")
@@ -228,6 +233,9 @@ class ScriptedServer:
                 if turn.get("drop"):  # promise more than is sent: the client sees a broken body
                     self.send_header("Content-Length", str(1 << 30))
                 self.end_headers()
+                if turn.get("prefill_s") and not turn.get("headers_late"):
+                    self.wfile.flush()
+                    time.sleep(turn["prefill_s"])
                 base = {"id": "chatcmpl-scripted", "object": "chat.completion.chunk", "created": int(time.time()),
                         "model": server.model}
                 delay = turn.get("delay_s", 0)
@@ -243,6 +251,11 @@ class ScriptedServer:
                 if turn.get("text_tool_calls") and calls:
                     content = (content + "\n" if content else "") + render_text_calls(calls, turn["text_tool_calls"])
                     calls = []
+                finish = "tool_calls" if calls else "stop"
+                limit = body.get("max_tokens")
+                if limit is not None and estimate_tokens(content) + sum(
+                        estimate_tokens(json.dumps(c.get("arguments", {}))) for c in calls) > limit:
+                    content, calls, finish = content[: 4 * limit], [], "length"
                 send([{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
                 for piece in _chunks(turn.get("reasoning", ""), server.chunk_chars):
                     send([{"index": 0, "delta": {"reasoning_content": piece}, "finish_reason": None}])
@@ -263,7 +276,7 @@ class ScriptedServer:
                 if turn.get("drop") or turn.get("cut") or turn.get("stream_error"):  # a server that died mid-answer
                     self.close_connection = True
                     return
-                send([{"index": 0, "delta": {}, "finish_reason": "tool_calls" if calls else "stop"}])
+                send([{"index": 0, "delta": {}, "finish_reason": finish}])
                 if (body.get("stream_options") or {}).get("include_usage"):
                     prompt = estimate_tokens(body.get("messages", [])) + estimate_tokens(body.get("tools") or [])
                     completion = estimate_tokens(content + turn.get("reasoning", "")) + sum(

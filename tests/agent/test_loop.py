@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 
@@ -229,3 +230,44 @@ def test_a_stream_broken_before_any_call_is_retried(tmp_path):
     assert finished.status == "completed" and finished.final_text == "done"
     retries = [e for e in events if e.type == "retrying"]
     assert len(retries) == 1 and "RemoteProtocolError" in retries[0].reason
+
+
+@pytest.mark.parametrize("headers_late", [False, True], ids=["headers-first", "nothing-sent"])
+def test_an_interrupt_during_a_slow_prefill_closes_the_connection_at_once(tmp_path, headers_late):
+    """Esc during a prefill that sends nothing for seconds: the turn ends within ~100 ms, the status bar
+    keeps a sane speed and the real context figure, and the session goes on when resumed."""
+    from agent.render import Status
+
+    turns = [{"content": "Looking.", "tool_calls": [{"name": "list_dir", "arguments": {}}]},
+             {"content": "never sent", "prefill_s": 8, "headers_late": headers_late},
+             {"content": "resumed fine"}]
+    with ScriptedServer(turns) as srv:
+        config = Config(base_url=srv.base_url)
+        events: list = []
+        rt = build(config, tmp_path, emit=events.append)
+        result: list = []
+        worker = threading.Thread(target=lambda: result.append(rt.agent.run("look", rt.system)))
+        worker.start()
+        deadline = time.monotonic() + 20
+        while len(srv.chat_requests()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)  # the server is in its prefill now
+        start = time.monotonic()
+        rt.agent.interrupt()
+        worker.join(5)
+        took = time.monotonic() - start
+        rt.session.close()
+        assert not worker.is_alive() and result[0].status == "interrupted"
+        assert took < 0.5, f"the interrupt took {took:.2f} s"
+        status = Status()
+        for e in events:
+            status.apply(e)
+        usage = [e for e in events if e.type == "usage"]
+        assert usage[-1].tokens_per_s < 10_000 and (status.tokens_per_s or 0) < 10_000
+        assert status.context_used >= usage[0].prompt_tokens + usage[0].completion_tokens
+        again = build(config, tmp_path, emit=lambda e: None, resume=rt.session.id)
+        finished = again.agent.run("go on", again.system)
+        again.session.close()
+    assert finished.status == "completed" and finished.final_text == "resumed fine"
+    sent = srv.chat_requests()[-1]["messages"]
+    assert [m["role"] for m in sent][:4] == ["system", "user", "assistant", "tool"] and sent[-1]["content"] == "go on"
