@@ -86,7 +86,9 @@ class Model(Protocol):
     name: str
 
     def complete(self, messages: list[Message], tools: list[dict[str, Any]] | None,
-                 cb: StreamCallbacks, cancel: threading.Event) -> ModelTurn: ...
+                 cb: StreamCallbacks, cancel: threading.Event, max_tokens: int | None = None) -> ModelTurn:
+        """max_tokens: this request's cap (a token budget's remainder), else the model's own setting."""
+        ...
 
 
 def estimate_tokens(obj: Any) -> int:
@@ -148,15 +150,17 @@ class OpenAIClient:
     # -- one turn -------------------------------------------------------------------------------------
 
     def complete(self, messages: list[Message], tools: list[dict[str, Any]] | None,
-                 cb: StreamCallbacks, cancel: threading.Event) -> ModelTurn:
+                 cb: StreamCallbacks, cancel: threading.Event, max_tokens: int | None = None) -> ModelTurn:
         body: dict[str, Any] = {"model": self.name, "messages": messages, "stream": True,
                                 "stream_options": {"include_usage": True}}
         if tools:
             body |= {"tools": tools, "tool_choice": "auto", "parallel_tool_calls": True}
         if self.config.temperature is not None:
             body["temperature"] = self.config.temperature
-        if self.config.max_output_tokens is not None:
-            body["max_tokens"] = self.config.max_output_tokens
+        if max_tokens is None:
+            max_tokens = self.config.max_output_tokens
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
         if self.config.record_tokens:
             body |= {"return_token_ids": True, "logprobs": True}
         attempt = 0

@@ -83,9 +83,15 @@ class Agent:
                 if (self._context_used() >= self.config.summarize_at * self.window
                         and self._summarized_at != self.turn):
                     self._summarize()
-                reply = self._model_turn()
+                cap = self._max_tokens(tokens_at_start)
+                if cap is not None and cap < 1:  # the budget cannot pay for the prompt: no request
+                    status = "max_tokens"
+                    break
+                reply = self._model_turn(max_tokens=cap)
                 if not reply.tool_calls:
                     final = reply.content
+                    if cap is not None and reply.finish_reason == "length":
+                        status = "max_tokens"  # the answer was cut short by what the budget had left
                     break
         except ModelError as e:
             status, error = ("interrupted", None) if e.kind == "interrupted" else ("error", str(e))
@@ -113,7 +119,17 @@ class Agent:
 
     # -- one turn -------------------------------------------------------------------------------------
 
-    def _model_turn(self, retried_overflow: bool = False) -> ModelTurn:
+    def _max_tokens(self, tokens_at_start: int) -> int | None:
+        """The request's max_tokens: the configured one, capped by what the token budget has left once
+        this prompt is paid for (None: no limit of ours)."""
+        c = self.config
+        if c.token_budget is None:
+            return c.max_output_tokens
+        used = self.prompt_tokens + self.completion_tokens - tokens_at_start
+        left = c.token_budget - used - self._context_used()
+        return left if c.max_output_tokens is None else min(left, c.max_output_tokens)
+
+    def _model_turn(self, retried_overflow: bool = False, max_tokens: int | None = None) -> ModelTurn:
         self.turn += 1
         turn = self.turn
         self.emit(TurnStarted(turn))
@@ -131,13 +147,15 @@ class Agent:
             on_retry=lambda attempt, delay, why: self.emit(Retrying(turn, attempt, delay, why)),
         )
         sent = self.session.sent_count()
+        # max_tokens only when it differs from the model's own setting: a Model may not take the argument.
+        extra = {"max_tokens": max_tokens} if max_tokens != self.config.max_output_tokens else {}
         try:
-            reply = self.model.complete(self.messages, self.specs, cb, self.cancel)
+            reply = self.model.complete(self.messages, self.specs, cb, self.cancel, **extra)
         except ModelError as e:
             if e.kind == "context_overflow" and not retried_overflow and not calls:
                 self.turn -= 1
                 self._summarize()
-                return self._model_turn(retried_overflow=True)
+                return self._model_turn(retried_overflow=True, max_tokens=max_tokens)
             if e.kind in ("interrupted", "cut_off") and e.partial is not None:
                 # Calls already running finish and are recorded, so the session can be resumed.
                 self._assistant(turn, sent, e.partial, calls)

@@ -16,9 +16,9 @@ A script is a list of turns, each a dict (JSON-friendly, so scripts can live in 
 
 `DeterministicModel` replays a script in-process through the loop's `Model` interface.
 `ScriptedServer` replays it over real HTTP on loopback as an OpenAI-compatible server (SSE streaming,
-structured tool-call deltas, usage), recording every request it receives. It honours `max_tokens` as a
-server would: an answer longer than that (4 characters a token) is cut there, finish_reason "length". A request without `tools`
-(how the loop asks for a summary) is answered from `summaries` instead of the script.
+structured tool-call deltas, usage), recording every request it receives. Both honour `max_tokens` as
+a server would: an answer longer than that (4 characters a token) is cut there, finish_reason "length".
+A request without `tools` (how the loop asks for a summary) is answered from `summaries` instead of the script.
 
     python -m agent.scripted SCRIPT.json [--port 8000]     # serve a script for demos
 """
@@ -85,15 +85,20 @@ class DeterministicModel:
         self._ids = 0
 
     def complete(self, messages: list[Message], tools: list[dict[str, Any]] | None,
-                 cb: StreamCallbacks, cancel: threading.Event) -> ModelTurn:
+                 cb: StreamCallbacks, cancel: threading.Event, max_tokens: int | None = None) -> ModelTurn:
         start = time.monotonic()
-        self.requests.append({"messages": copy.deepcopy(messages), "tools": tools})
+        self.requests.append({"messages": copy.deepcopy(messages), "tools": tools, "max_tokens": max_tokens})
         turn = self.script.next_turn(wants_summary=not tools)
         if turn.get("reasoning"):
             cb.on_reasoning(turn["reasoning"])
         content = turn.get("content", "")
+        wanted = turn.get("tool_calls", [])
+        finish = "tool_calls" if wanted else "stop"
+        if max_tokens is not None and estimate_tokens(content) + sum(
+                estimate_tokens(json.dumps(c.get("arguments", {}))) for c in wanted) > max_tokens:
+            content, wanted, finish = content[: 4 * max_tokens], [], "length"
         calls = []
-        for c in turn.get("tool_calls", []):
+        for c in wanted:
             self._ids += 1
             call = ToolCall(f"call_{self._ids}", c["name"], json.dumps(c.get("arguments", {})))
             calls.append(call)
@@ -107,7 +112,7 @@ class DeterministicModel:
             cb.on_tool_call(call)
         usage = Usage(estimate_tokens(messages) + estimate_tokens(tools or []),
                       estimate_tokens(content) + sum(estimate_tokens(c.arguments) for c in calls))
-        return ModelTurn(content, turn.get("reasoning", ""), calls, "tool_calls" if calls else "stop", usage,
+        return ModelTurn(content, turn.get("reasoning", ""), calls, finish, usage,
                          0.0, time.monotonic() - start)
 
 

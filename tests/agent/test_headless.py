@@ -299,6 +299,25 @@ def test_max_turns_exits_1(buggy_repo):
     assert fin["status"] == "max_turns" and fin["turns"] == 2
 
 
+def test_a_token_budget_caps_each_request_and_ends_with_its_status(buggy_repo):
+    """The budget pays for prompts and answers: a request's max_tokens is what is left after its prompt,
+    an answer cut there ends the run with the budget's status, and a budget too small sends nothing."""
+    long_answer = "word " * 4000  # ~5000 tokens, far more than the budget leaves
+    with ScriptedServer([{"content": long_answer}]) as srv:
+        p = run_agent(buggy_repo, "--task", "x", "--json", "--token-budget", "6000", "--base-url", srv.base_url)
+        (req,) = srv.chat_requests()
+    assert p.returncode == 1, p.stderr
+    fin = events(p.stdout)[-1]
+    assert fin["status"] == "max_tokens" and fin["turns"] == 1
+    assert 0 < req["max_tokens"] < 6000
+    assert fin["prompt_tokens"] + fin["completion_tokens"] <= 6000 + 50
+
+    with ScriptedServer([{"content": long_answer}]) as srv:
+        p = run_agent(buggy_repo, "--task", "x", "--token-budget", "100", "--base-url", srv.base_url)
+        assert srv.chat_requests() == []
+    assert p.returncode == 1 and "max_tokens" in p.stderr and p.stdout == ""
+
+
 def test_ctrl_c_kills_tools_saves_the_session_and_exits_130(buggy_repo):
     marker = f"sleep {400 + uuid.uuid4().int % 500}"
     with ScriptedServer([{"tool_calls": [{"name": "shell", "arguments": {"command": marker}}]},
