@@ -111,13 +111,25 @@ def full_terminal() -> bool:
     return sys.stdin.isatty() and sys.stdout.isatty() and term not in ("", "dumb", "unknown")
 
 
+OUR_PACKAGES = {"agent", "index", "serve", "train", "kernels", "bench"}
+
+
+def missing_extra(prog: str, e: ImportError, extra: str, what: str) -> int:
+    """A package of an extra that is not installed: say which extra to install (exit 2), not a traceback."""
+    name = getattr(e, "name", None) or str(e)
+    if name.split(".")[0] in OUR_PACKAGES:  # our own module failing to import is a bug: show it
+        raise e
+    print(f"{prog}: {what} needs the `{extra}` extra ({name} is not installed): "
+          f"pip install -e '.[{extra}]'", file=sys.stderr)
+    return 2
+
+
 def _subcommand(name: str, rest: list[str]) -> int:
+    prog = f"composer-agent {name}"
     try:
         import index.cli as index_cli
     except ImportError as e:
-        print(f"composer-agent {name}: semantic search is not installed ({e}); "
-              "install the `index` extra: pip install -e '.[index]'", file=sys.stderr)
-        return 2
+        return missing_extra(prog, e, "index", "semantic search")
     root = Path.cwd()
     if "--cwd" in rest:
         i = rest.index("--cwd")
@@ -126,7 +138,10 @@ def _subcommand(name: str, rest: list[str]) -> int:
             return 2
         root = Path(rest[i + 1])
         rest = rest[:i] + rest[i + 2:]
-    return getattr(index_cli, SUBCOMMANDS[name])(rest, root.resolve())
+    try:
+        return getattr(index_cli, SUBCOMMANDS[name])(rest, root.resolve())
+    except ImportError as e:  # the index extra's packages are imported lazily, on first use
+        return missing_extra(prog, e, "index", "semantic search")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -304,7 +305,13 @@ def main() -> None:
     with open(args.script) as f:
         data = json.load(f)
     turns, summaries = (data, None) if isinstance(data, list) else (data["turns"], data.get("summaries"))
-    with ScriptedServer(turns, summaries, model=args.model, port=args.port) as srv:
+    try:
+        server = ScriptedServer(turns, summaries, model=args.model, port=args.port)
+    except OSError as e:
+        print(f"python -m agent.scripted: error: cannot listen on 127.0.0.1:{args.port}: {e.strerror or e}",
+              file=sys.stderr)
+        raise SystemExit(2) from None
+    with server as srv:
         print(f"serving {len(turns)} scripted turns at {srv.base_url}", flush=True)
         try:
             srv.thread.join()

@@ -43,6 +43,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except ModuleNotFoundError as e:  # installed without the extra: say which, not a traceback
+        if (e.name or "").split(".")[0] in ("serve", "agent", "train", "index", "kernels"):
+            raise
+        print(f"composer-serve: error: {e.name} is not installed; install the `serve` extra: "
+              "pip install -e '.[serve]'", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     model_dir = Path(args.model)
     if not (model_dir / "config.json").is_file():

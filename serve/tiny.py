@@ -10,6 +10,7 @@ transformers is then the reference the engines must match.
 from __future__ import annotations
 
 import json
+import sys
 import sysconfig
 from dataclasses import asdict, dataclass, field
 from importlib import resources
@@ -124,7 +125,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="tool-call format of the chat template (default hermes)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    out = build_tiny_checkpoint(args.path, template=args.tool_format, seed=args.seed)
+    try:
+        out = build_tiny_checkpoint(args.path, template=args.tool_format, seed=args.seed)
+    except ModuleNotFoundError as e:  # installed without the extra: say which, not a traceback
+        if (e.name or "").split(".")[0] == "serve":
+            raise
+        print(f"python -m serve.tiny: error: {e.name} is not installed; install the `serve` extra: "
+              "pip install -e '.[serve]'", file=sys.stderr)
+        return 2
     print(f"wrote a tiny random Qwen3-MoE checkpoint to {out}; serve it with: composer-serve --model {out}")
     return 0
 
