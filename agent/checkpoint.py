@@ -30,6 +30,7 @@ class CheckpointError(RuntimeError):
 class Checkpoints:
     root: Path
     stack: list[tuple[str, str]] = field(default_factory=list)  # (commit, label), oldest first
+    undone: int = 0  # turns undone since the last snapshot
 
     @property
     def git_dir(self) -> Path:
@@ -59,13 +60,18 @@ class Checkpoints:
         self._git("commit", "-q", "--allow-empty", "--no-verify", "-m", label)
         commit = self._git("rev-parse", "HEAD").strip()
         self.stack.append((commit, label))
+        self.undone = 0
         return commit
 
     def undo(self) -> list[str]:
         """Put back every file as it was at the last snapshot; returns the paths that changed."""
         if not self.stack:
+            if self.undone:
+                turns = "the last turn's" if self.undone == 1 else f"all {self.undone} turns'"
+                raise CheckpointError(f"nothing more to undo: {turns} file changes are already undone")
             raise CheckpointError("nothing to undo: no turn has run since the session started")
         commit, _ = self.stack.pop()
+        self.undone += 1
         self._git("add", "-A", "--", ".")
         changes = self._git("diff", "--cached", "--name-status", "--no-renames", "-z", commit)
         fields = changes.split("\0")

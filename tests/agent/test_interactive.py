@@ -91,6 +91,8 @@ def test_slash_commands_and_undo_through_the_controller(tmp_path):
     assert "before" in ui.rt.agent.messages[1]["content"]  # the mention was attached
     out = ui.command("/undo")
     assert out.text == "Restored: f.txt" and (tmp_path / "f.txt").read_text() == "before\n"
+    again = ui.command("/undo")
+    assert again.error and "already undone" in again.text and "no turn has run" not in again.text
     ui.run_turn("what now?")
     assert ui.rt.agent.messages[-2]["content"].startswith("(The user undid the file changes")
     assert ui.command("/model").text.startswith("Model: scripted")
