@@ -1,6 +1,9 @@
 """`composer-agent eval SUITE [--base-url URL] [--model M] [--concurrency N] [--repeat K] [--out DIR] [--resume]`
 
-SUITE is a tasks JSONL or a built-in suite (synthetic, synthetic-heldout, synthetic-small).
+SUITE is a tasks JSONL or a built-in suite (synthetic, synthetic-heldout, synthetic-small). Real-code
+suites are built into a tasks JSONL first: `python -m agent.tasks.stdlib_bugs --out DIR` (bugs injected
+into the standard library, DIR/tasks.jsonl) and `python -m agent.tasks.swebench INPUT.jsonl --out
+TASKS.jsonl --repos DIR` (SWE-bench-style rows over local repositories).
 `--expert` serves the scripted expert on loopback and evaluates it (a check of the verifiers).
 Exit codes: 0 done, 2 bad usage or configuration (the message says which).
 """
@@ -14,7 +17,10 @@ from pathlib import Path
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="composer-agent eval", description="Evaluate a model on a task suite.")
+    p = argparse.ArgumentParser(
+        prog="composer-agent eval", description="Evaluate a model on a task suite.",
+        epilog="real-code suites: python -m agent.tasks.stdlib_bugs --out DIR (then DIR/tasks.jsonl); "
+               "python -m agent.tasks.swebench INPUT.jsonl --out TASKS.jsonl --repos DIR")
     p.add_argument("suite", help="tasks JSONL, or synthetic | synthetic-heldout | synthetic-small")
     p.add_argument("--base-url", help="OpenAI-compatible endpoint (default: the configured one)")
     p.add_argument("--model", help="model name (default: the server's first)")

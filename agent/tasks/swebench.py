@@ -1,0 +1,179 @@
+"""Import SWE-bench-style JSONL into tasks: for users who have such data and the repositories locally.
+
+    python -m agent.tasks.swebench INPUT.jsonl --out TASKS.jsonl [--repos DIR] [--split heldout]
+
+Each row has SWE-bench's fields: instance_id, repo ("owner/name"), base_commit, problem_statement,
+test_patch, FAIL_TO_PASS and PASS_TO_PASS (JSON-encoded lists of pytest test ids, or lists); others
+(version, environment_setup_commit, patch, hints_text, created_at) are ignored. INPUT may also be a
+JSON array of such rows. `repo` is resolved to a local git repository: DIR/owner__name, then DIR/name
+(DIR defaults to INPUT's folder), or the value itself when it is a path to one. Rows whose repository
+or base commit is not there, or whose tests are not pytest ids, are skipped with a message on stderr.
+
+A task checks out the repository at base_commit (a private clone per episode), asks the problem
+statement, and verifies by applying test_patch (hidden from the agent) and running the FAIL_TO_PASS and
+PASS_TO_PASS tests with pytest. The environment (dependencies) is the user's: the verify command runs
+`python -m pytest` with whatever `python` is on PATH.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from agent.tasks.spec import Task, TaskError, write_tasks
+
+FAMILY = "swe"
+REQUIRED = ("instance_id", "repo", "base_commit", "problem_statement", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS")
+PYTEST = "python -m pytest -q -p no:cacheprovider -rfE"
+# Django-style ids ("test_name (module.Class)") need the project's own runner, not pytest.
+_NOT_PYTEST = re.compile(r"^\S+ \([\w.]+\)$")
+
+
+class Skipped(Exception):
+    """A row that cannot become a task here (the message says why)."""
+
+
+def read_rows(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a JSONL file (or of a JSON array)."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    if text.lstrip().startswith("["):
+        rows = json.loads(text)
+        if not all(isinstance(r, dict) for r in rows):
+            raise TaskError(f"{path}: a JSON array of objects was expected")
+        return rows
+    rows = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise TaskError(f"{path}:{n}: not JSON: {e}") from None
+        if not isinstance(row, dict):
+            raise TaskError(f"{path}:{n}: a JSON object was expected")
+        rows.append(row)
+    return rows
+
+
+def parse_test_ids(value: Any, field_name: str) -> list[str]:
+    """A FAIL_TO_PASS / PASS_TO_PASS value: a JSON-encoded list (SWE-bench's form) or a list."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else []
+        except json.JSONDecodeError:
+            raise Skipped(f"{field_name} is not a JSON list") from None
+    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+        raise Skipped(f"{field_name} must be a list of test ids")
+    return list(value)
+
+
+def resolve_repo(repo: str, repos_dir: Path) -> Path:
+    """The local git repository for "owner/name": repos_dir/owner__name, then repos_dir/name, or `repo`
+    itself when it is a path to a repository."""
+    candidates = []
+    if "/" in repo and not Path(repo).is_absolute():
+        owner, _, name = repo.partition("/")
+        candidates += [repos_dir / f"{owner}__{name}", repos_dir / name]
+    candidates.append(Path(repo).expanduser() if Path(repo).is_absolute() else repos_dir / repo)
+    for c in candidates:
+        if c.is_dir() and _git_ok(c, "rev-parse", "--git-dir"):
+            return c.resolve()
+    raise Skipped(f"repository {repo} not found locally (looked for {', '.join(str(c) for c in candidates)})")
+
+
+def _git_ok(cwd: Path, *args: str) -> bool:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True).returncode == 0
+
+
+def verify_command(fail_to_pass: list[str], pass_to_pass: list[str]) -> str:
+    """pytest on the listed ids, each quoted for the shell; `--` so an id never reads as an option."""
+    ids = list(dict.fromkeys(fail_to_pass + pass_to_pass))
+    return f"{PYTEST} -- {' '.join(shlex.quote(i) for i in ids)}"
+
+
+def to_task(row: dict[str, Any], repos_dir: Path, split: str = "", max_turns: int = 40,
+            max_time_s: float = 1800.0, verify_timeout_s: float = 600.0) -> Task:
+    missing = [k for k in REQUIRED if k not in row]
+    if missing:
+        raise Skipped(f"missing fields {missing}")
+    iid = str(row["instance_id"]).strip()
+    if not iid:
+        raise Skipped("empty instance_id")
+    f2p, p2p = parse_test_ids(row["FAIL_TO_PASS"], "FAIL_TO_PASS"), parse_test_ids(row["PASS_TO_PASS"], "PASS_TO_PASS")
+    if not f2p:
+        raise Skipped("FAIL_TO_PASS is empty: nothing to verify")
+    odd = [i for i in f2p + p2p if _NOT_PYTEST.match(i)]
+    if odd:
+        raise Skipped(f"test ids are not pytest ids (e.g. {odd[0]!r}); this importer runs pytest")
+    if not str(row["problem_statement"]).strip():
+        raise Skipped("empty problem_statement")
+    repo = resolve_repo(str(row["repo"]), repos_dir)
+    commit = str(row["base_commit"]).strip()
+    if not re.fullmatch(r"[0-9a-fA-F]{4,40}", commit) or not _git_ok(repo, "cat-file", "-e", f"{commit}^{{commit}}"):
+        raise Skipped(f"base_commit {commit!r} is not in {repo}")
+    patch = str(row["test_patch"])
+    if patch and not patch.endswith("\n"):
+        patch += "\n"
+    return Task(id=iid, prompt=str(row["problem_statement"]).strip(), verify=verify_command(f2p, p2p),
+                repo=str(repo), commit=commit, hidden_patch=patch, max_turns=max_turns, max_time_s=max_time_s,
+                verify_timeout_s=verify_timeout_s, family=FAMILY, tag=str(row.get("repo", "")), split=split,
+                meta={"instance_id": iid, "repo": row["repo"], "FAIL_TO_PASS": f2p, "PASS_TO_PASS": p2p,
+                      **({"version": row["version"]} if row.get("version") else {})})
+
+
+def import_rows(rows: list[dict[str, Any]], repos_dir: str | Path, split: str = "", log=None,
+                **limits: Any) -> list[Task]:
+    """Tasks for the rows that can be used here; the others are reported through `log` and skipped."""
+    log = log or (lambda s: print(s, file=sys.stderr, flush=True))
+    tasks, seen = [], set()
+    for n, row in enumerate(rows, 1):
+        label = row.get("instance_id") or f"row {n}"
+        try:
+            task = to_task(row, Path(repos_dir), split, **limits)
+        except (Skipped, TaskError) as e:
+            log(f"skipped {label}: {e}")
+            continue
+        if task.id in seen:
+            log(f"skipped {label}: duplicate instance_id")
+            continue
+        seen.add(task.id)
+        tasks.append(task)
+    return tasks
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m agent.tasks.swebench",
+                                description="Turn SWE-bench-style JSONL into a task file (local repositories).")
+    p.add_argument("input", help="SWE-bench-style JSONL (or JSON array)")
+    p.add_argument("--out", required=True, help="the tasks JSONL to write")
+    p.add_argument("--repos", help="folder holding the repositories as owner__name or name (default: INPUT's folder)")
+    p.add_argument("--split", default="", choices=["", "train", "heldout"])
+    p.add_argument("--max-turns", type=int, default=40)
+    p.add_argument("--max-time", type=float, default=1800.0, help="seconds per episode (default 1800)")
+    p.add_argument("--verify-timeout", type=float, default=600.0, help="seconds for the tests (default 600)")
+    args = p.parse_args(argv)
+    try:
+        rows = read_rows(args.input)
+    except (OSError, TaskError, json.JSONDecodeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    repos = Path(args.repos) if args.repos else Path(args.input).resolve().parent
+    tasks = import_rows(rows, repos, args.split, max_turns=args.max_turns, max_time_s=args.max_time,
+                        verify_timeout_s=args.verify_timeout)
+    if not tasks:
+        print(f"no usable rows out of {len(rows)}", file=sys.stderr)
+        return 1
+    write_tasks(tasks, args.out)
+    print(f"{len(tasks)} tasks out of {len(rows)} rows: {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
