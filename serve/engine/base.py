@@ -84,8 +84,19 @@ class Engine(ABC):
     def stats(self) -> EngineStats:
         return EngineStats(policy_version=self.policy_version)
 
+    def running(self) -> bool:
+        """Whether the engine can still serve requests (/health says so)."""
+        return True
+
     def weight_bytes(self) -> int:
         return 0
+
+
+class EngineStopped(RuntimeError):
+    """The engine's worker has ended: requests are refused instead of waiting for ever."""
+
+    def __init__(self) -> None:
+        super().__init__("the inference engine is not running; restart composer-serve")
 
 
 DONE = object()

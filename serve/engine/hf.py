@@ -19,7 +19,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from serve.engine.base import DONE, Engine, EngineStats, GenToken, SamplingParams, drain
+from serve.engine.base import DONE, Engine, EngineStats, EngineStopped, GenToken, SamplingParams, drain
 from serve.engine.weights import (
     RequestAborted,
     WeightLoadError,
@@ -94,7 +94,14 @@ class HFEngine(Engine):
     def stats(self) -> EngineStats:
         return EngineStats(running=self._running, waiting=self._queue.qsize(), policy_version=self.policy_version)
 
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[GenToken]:
+        if not self.running():
+            raise EngineStopped()
+        if not prompt_ids:
+            raise ValueError("the prompt is empty: there is no token to continue from")
         loop = asyncio.get_running_loop()
         req = _Request(list(prompt_ids), params, loop, asyncio.Queue())
         self._inflight.add(req)

@@ -5,6 +5,12 @@ scheduled tokens (model_runner.py), sample the sequences that finished their tok
 token to its request's asyncio queue, retire finished or cancelled sequences. Requests that arrive
 mid-flight join at the next step.
 
+Failures stay with the request that caused them: a sequence that cannot be scheduled or sampled fails
+alone, a forward pass that raises is retried one sequence at a time to find the culprit, and anything
+else fails the sequences in flight, never the thread. If the thread ends all the same (stop, or a
+BaseException), every waiting caller gets EngineStopped, new requests are refused and `running()`
+says so (/health reports it).
+
 Weight loads (`load_weights`, for RL training) are commands in the same inbox, so they are ordered
 with the requests: sequences accepted before one finish on the old weights (or are aborted), those
 after it are held until the new weights are in. The swap happens only with no sequence left, so one
@@ -27,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from serve.engine.base import DONE, Engine, EngineStats, GenToken, SamplingParams, drain
+from serve.engine.base import DONE, Engine, EngineStats, EngineStopped, GenToken, SamplingParams, drain
 from serve.engine.block_manager import BlockManager
 from serve.engine.model_runner import ModelRunner
 from serve.engine.sampling import make_generator, sample_batch
@@ -119,6 +125,8 @@ class NativeEngine(Engine):
         self._held: list = []  # what came into the inbox after it: handled once the new weights are in
         self._load_lock = asyncio.Lock()  # one load at a time, so versions are checked against the latest
         self._stop = threading.Event()
+        self._closed = False  # set by the engine thread as it ends; nothing enters the inbox after
+        self._inbox_lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="native-engine", daemon=True)
         self._thread.start()
 
@@ -145,12 +153,23 @@ class NativeEngine(Engine):
                            prefix_cache_hits=self.blocks.hit_tokens, prefix_cache_queries=self.blocks.query_tokens,
                            policy_version=self.policy_version)
 
+    def running(self) -> bool:
+        return not self._closed and self._thread.is_alive()
+
+    def _submit(self, item: Sequence | _Reload) -> None:
+        with self._inbox_lock:
+            if self._closed:
+                raise EngineStopped()
+            self._inbox.put(item)
+
     async def generate(self, prompt_ids: list[int], params: SamplingParams):
+        if not prompt_ids:
+            raise ValueError("the prompt is empty: there is no token to continue from")
         if len(prompt_ids) >= self.max_model_len:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens does not fit in {self.max_model_len}")
         seq = Sequence(list(prompt_ids), params, asyncio.get_running_loop(), asyncio.Queue())
         seq.generator = make_generator(params, self.device)
-        self._inbox.put(seq)
+        self._submit(seq)
         try:
             async for tok in drain(seq.out):
                 yield tok
@@ -167,7 +186,7 @@ class NativeEngine(Engine):
             version = next_version(self.policy_version, policy_version, folder)
             self._check_fits(folder)
             cmd = _Reload(str(folder), version, abort_in_flight)
-            self._inbox.put(cmd)
+            self._submit(cmd)
             return await asyncio.wrap_future(cmd.future)
 
     def _check_fits(self, folder) -> None:
@@ -187,28 +206,49 @@ class NativeEngine(Engine):
     # -- the engine thread ---------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        while not self._stop.is_set():
-            self._drain_inbox(block=not self.scheduler.has_work() and self._reload is None)
-            for seq in self.scheduler.drop_cancelled():
-                self.runner.forget(seq)
-                self._emit(seq, DONE)
-            if self._reload is not None and not self.scheduler.has_work():
-                self._swap_weights(self._reload)
-                continue
-            batch = self.scheduler.schedule()
-            if not batch:
-                continue
-            try:
-                self._step(batch)
-            except Exception as e:  # noqa: BLE001 - fail the requests in the batch, keep serving
-                log.exception("engine step failed")
-                for seq, _ in batch:
-                    self._finish(seq)
-                    self._emit(seq, e)
-                    self._emit(seq, DONE)
-        for cmd in [self._reload, *self._held]:  # so that no caller waits for ever
+        try:
+            while not self._stop.is_set():
+                try:
+                    self._iterate()
+                except Exception as e:  # noqa: BLE001 - no one sequence to blame: fail those in flight, go on
+                    log.exception("engine iteration failed")
+                    self._fail(self.scheduler.drop_all(), e)
+        finally:
+            self._close()
+
+    def _iterate(self) -> None:
+        self._drain_inbox(block=not self.scheduler.has_work() and self._reload is None)
+        for seq in self.scheduler.drop_cancelled():
+            self.runner.forget(seq)
+            self._emit(seq, DONE)
+        if self._reload is not None and not self.scheduler.has_work():
+            self._swap_weights(self._reload)
+            return
+        batch = self.scheduler.schedule()
+        for seq, e in self.scheduler.take_failed():
+            self._fail([seq], e)
+        if batch:
+            self._step(batch)
+
+    def _close(self) -> None:
+        """The thread is ending: refuse new work, and answer everything still waiting so no caller hangs."""
+        with self._inbox_lock:
+            self._closed = True
+        pending = [self._reload, *self._held]
+        while not self._inbox.empty():
+            pending.append(self._inbox.get_nowait())
+        self._reload, self._held = None, []
+        seqs = self.scheduler.drop_all() + [x for x in pending if isinstance(x, Sequence)]
+        self._fail(seqs, EngineStopped())
+        for cmd in pending:
             if isinstance(cmd, _Reload):
                 cmd.future.set_exception(WeightLoadError("the engine stopped before loading the weights", param=None))
+
+    def _fail(self, seqs: list[Sequence], e: Exception) -> None:
+        """End these requests with `e` (raised in each caller's task), freeing their blocks."""
+        for seq in seqs:
+            self._finish(seq)  # idempotent: dropped sequences are already finished
+        self._emit_many([(s, x) for s in seqs for x in (e, DONE)])
 
     def _drain_inbox(self, block: bool) -> None:
         try:
@@ -276,7 +316,16 @@ class NativeEngine(Engine):
                 self._accept(item)
 
     def _step(self, batch: list[tuple[Sequence, int]]) -> None:
-        sampled, logits = self.runner.run(batch)
+        try:
+            sampled, logits = self.runner.run(batch)
+        except Exception as e:  # noqa: BLE001 - find the culprit: nothing was committed, so a rerun is safe
+            if len(batch) == 1:
+                log.warning("a sequence failed in the forward pass: %s: %s", type(e).__name__, e)
+                self._fail([batch[0][0]], e)
+                return
+            for item in batch:
+                self._step([item])
+            return
         for seq, n in batch:
             seq.num_computed += n
             self.blocks.register(seq)
@@ -284,7 +333,12 @@ class NativeEngine(Engine):
             return
         picks = sample_batch(logits, [s.params for s in sampled], [s.generator for s in sampled])
         out: list[tuple[Sequence, object]] = []
-        for seq, (token, logprob, top) in zip(sampled, picks, strict=True):
+        for seq, pick in zip(sampled, picks, strict=True):
+            if isinstance(pick, Exception):
+                self._finish(seq)
+                out += [(seq, pick), (seq, DONE)]
+                continue
+            token, logprob, top = pick
             seq.token_ids.append(token)
             out.append((seq, GenToken(token, logprob, top, seq.policy_version)))
             if (token in seq.params.stop_token_ids or seq.num_generated >= seq.params.max_tokens

@@ -2,7 +2,8 @@
 
 Shared by every engine in this package so that the same request samples the same way whichever
 engine serves it. The logprob returned is the model's raw log-probability of the chosen token
-(before temperature and filtering), as vLLM reports it by default.
+(before temperature and filtering), as vLLM reports it by default. Temperatures below GREEDY_BELOW
+are greedy (as in vLLM): dividing by 1e-40 overflows the logits to inf, and softmax then gives NaNs.
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ import torch
 
 from serve.engine.base import SamplingParams
 
+GREEDY_BELOW = 1e-5
+
 
 def make_generator(params: SamplingParams, device: torch.device | str = "cpu") -> torch.Generator:
     g = torch.Generator(device=device)
     if params.seed is not None:
-        g.manual_seed(params.seed)
+        g.manual_seed(params.seed % 2**64)  # torch takes [-2**63, 2**64); n choices use seed + i
     else:
         g.seed()
     return g
@@ -28,7 +31,7 @@ def sample(logits_V: torch.Tensor, params: SamplingParams, generator: torch.Gene
     """Pick one token from a [V] row of logits; returns (token id, raw logprob or None, the
     `top_logprobs` most likely (id, logprob) pairs or None)."""
     logits_V = logits_V.float()
-    if params.temperature == 0:
+    if params.temperature < GREEDY_BELOW:
         token = int(torch.argmax(logits_V))
     else:
         scaled_V = logits_V / params.temperature
@@ -54,8 +57,16 @@ def sample(logits_V: torch.Tensor, params: SamplingParams, generator: torch.Gene
 
 
 def sample_batch(logits_BV: torch.Tensor, params: list[SamplingParams],
-                 generators: list[torch.Generator]) -> list[Pick]:
-    """Rows sampled independently; all-greedy batches take one argmax."""
-    if all(p.temperature == 0 and not p.logprobs for p in params):
+                 generators: list[torch.Generator]) -> list[Pick | Exception]:
+    """Rows sampled independently; all-greedy batches take one argmax. A row that cannot be sampled
+    (NaN logits, say) gives its exception in its place: it fails its own request, not the batch."""
+    if all(p.temperature < GREEDY_BELOW and not p.logprobs for p in params):
         return [(int(t), None, None) for t in torch.argmax(logits_BV.float(), dim=-1).tolist()]
-    return [sample(logits_BV[i], p, g) for i, (p, g) in enumerate(zip(params, generators, strict=True))]
+    return [_try_sample(logits_BV[i], p, g) for i, (p, g) in enumerate(zip(params, generators, strict=True))]
+
+
+def _try_sample(logits_V: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> Pick | Exception:
+    try:
+        return sample(logits_V, params, generator)
+    except Exception as e:  # noqa: BLE001 - returned to the caller, who fails that one request
+        return e

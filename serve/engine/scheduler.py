@@ -5,7 +5,8 @@ prefill takes what the budget leaves), then waiting ones are admitted while bloc
 the sequence limit allow — so new requests join a running batch at the next step instead of waiting
 for it to drain, and a long prompt is prefilled in chunks between other sequences' decodes. When
 decode runs out of KV blocks, the most recently admitted sequence is preempted: its blocks are freed
-and it is recomputed later (its tokens, generated ones included, are kept).
+and it is recomputed later (its tokens, generated ones included, are kept). A sequence whose admission
+raises is set aside in `failed` for the engine to fail, so one bad request does not stop the step.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.preemptions = 0
+        self.failed: list[tuple[Sequence, Exception]] = []
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -36,6 +38,10 @@ class Scheduler:
         if seq in self.running:
             self.running.remove(seq)
         self.blocks.free(seq)
+
+    def take_failed(self) -> list[tuple[Sequence, Exception]]:
+        failed, self.failed = self.failed, []
+        return failed
 
     def drop_cancelled(self) -> list[Sequence]:
         return self._drop([s for s in list(self.waiting) + self.running if s.cancelled.is_set()])
@@ -73,8 +79,14 @@ class Scheduler:
                 budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if not self.blocks.allocate(seq):
-                break
+            try:
+                if not self.blocks.allocate(seq):
+                    break
+            except Exception as e:  # noqa: BLE001 - this sequence's fault (an empty prompt, say): set it aside
+                self.waiting.popleft()
+                seq.status = Status.FINISHED
+                self.failed.append((seq, e))
+                continue
             self.waiting.popleft()
             seq.status = Status.RUNNING
             self.running.append(seq)
