@@ -54,6 +54,14 @@ class ChatFormat:
             ids.append(self.tokenizer.token_to_id(self.special_tokens["eos_token"]))
         self.stop_token_ids = sorted({i for i in ids if i is not None})
         self.generation_defaults = {k: gen[k] for k in ("temperature", "top_p", "top_k") if k in gen}
+        # What render() passes itself: chat_template_kwargs may not set these.
+        self.reserved_kwargs = {"messages", "tools", "add_generation_prompt", *self.special_tokens}
+
+    @cached_property
+    def longest_token(self) -> int:
+        """The most characters one token can stand for (the vocabulary's longest entry: in byte-level BPE
+        one character per byte), so a text has at least len(text) / longest_token tokens."""
+        return max(map(len, self.tokenizer.get_vocab(with_added_tokens=True)), default=1)
 
     def _load_template(self) -> str:
         path = self.dir / "chat_template.jinja"
@@ -102,9 +110,14 @@ class ChatFormat:
                                          **self.special_tokens, **template_kwargs)
         except jinja2.TemplateError as e:
             raise ChatFormatError(f"the chat template rejected the conversation: {e}") from None
+        except (TypeError, ValueError, LookupError, AttributeError) as e:  # e.g. a template kwarg of the wrong type
+            raise ChatFormatError(f"the chat template cannot render this conversation: {type(e).__name__}: {e}") \
+                from None
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        # encode_batch releases the GIL (encode does not): the server tokenises on worker threads while its
+        # event loop goes on answering.
+        return self.tokenizer.encode_batch([text], add_special_tokens=False)[0].ids
 
     def render_ids(self, messages, tools=None, add_generation_prompt: bool = True, **kw: Any) -> list[int]:
         return self.encode(self.render(messages, tools, add_generation_prompt, **kw))

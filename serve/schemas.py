@@ -1,15 +1,33 @@
 """Request bodies of the OpenAI-compatible API, validated, plus the OpenAI error shape.
 
-Unknown fields are accepted and ignored (clients send many), wrong types and out-of-range values are
-400s. vLLM's extensions that training needs are here too: `return_token_ids`, `stop_token_ids`,
-`top_k`, `chat_template_kwargs`.
+Unknown fields are accepted and ignored (clients send many), wrong types (no coercion: `true` is not 1)
+and out-of-range values are 400s. vLLM's extensions that training needs are here too: `return_token_ids`, `stop_token_ids`,
+`top_k`, `chat_template_kwargs`. The models are also the OpenAPI schema, so what they accept is what
+/openapi.json promises: a message's required content is per role, not a validator the schema cannot show.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, model_validator
+from jsonschema import SchemaError
+from jsonschema.validators import validator_for
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, field_validator
+
+# JSON may spell a lone UTF-16 surrogate ("\ud800"); no UTF-8 text can hold one, so the tokenizer cannot.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _whole(v: Any) -> Any:
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+def Int(**limits: Any) -> Any:  # noqa: N802 - used as a type
+    """An integer as JSON Schema means it: 7.0 is one (schema-driven clients send it), true and "7" are not
+    (strict models). The limits go before the validator, else pydantic writes them into the OpenAPI schema
+    as unknown `ge`/`le` keys instead of minimum/maximum."""
+    return Annotated[int, Field(**limits), BeforeValidator(_whole)]
 
 
 class APIError(Exception):
@@ -22,14 +40,44 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorBody(BaseModel):
+    """OpenAI's error body: every 4xx and 5xx of this server (the OpenAPI schema says so)."""
+
+    error: ErrorDetail
+
+
 class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    """Unknown keys pass; known ones must have their JSON type: strict, so `true` is not token id 1 and
+    "0.5" is not a temperature (what the schema promises is what is accepted)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
 
 
 class FunctionSpec(_Lenient):
     name: str = Field(min_length=1)
     description: str | None = None
     parameters: dict[str, Any] | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _object_schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        """OpenAI's rule: a JSON Schema of an object. Templates and the tool-call parser read `properties`."""
+        if v is None:
+            return v
+        try:
+            validator_for(v).check_schema(v)
+        except SchemaError as e:
+            raise ValueError(f"not a valid JSON Schema: {e.message}") from None
+        if v.get("type", "object") != "object":
+            raise ValueError(f"must be a JSON Schema of type \"object\", not {v.get('type')!r}")
+        return v
 
 
 class ToolSpec(_Lenient):
@@ -57,18 +105,36 @@ class ToolCallIn(_Lenient):
     function: ToolCallFunction
 
 
-class ChatMessage(_Lenient):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[dict[str, Any]] | None = None
-    tool_calls: list[ToolCallIn] | None = None
-    tool_call_id: str | None = None
+Content = str | list[dict[str, Any]]  # text, or OpenAI's content parts (the text ones are kept)
+
+
+class _Message(_Lenient):
     name: str | None = None
 
-    @model_validator(mode="after")
-    def _content_required(self) -> ChatMessage:
-        if self.role in ("system", "developer", "user", "tool") and self.content is None:
-            raise ValueError(f"a {self.role} message needs content")
-        return self
+
+class SystemMessage(_Message):
+    role: Literal["system", "developer"]
+    content: Content
+
+
+class UserMessage(_Message):
+    role: Literal["user"]
+    content: Content
+
+
+class AssistantMessage(_Message):
+    role: Literal["assistant"]
+    content: Content | None = None
+    tool_calls: list[ToolCallIn] | None = None
+
+
+class ToolMessage(_Message):
+    role: Literal["tool"]
+    content: Content | None = None  # OpenAI accepts a tool result without content: it renders as ""
+    tool_call_id: str | None = None
+
+
+ChatMessage = Annotated[SystemMessage | UserMessage | AssistantMessage | ToolMessage, Field(discriminator="role")]
 
 
 class StreamOptions(_Lenient):
@@ -81,14 +147,21 @@ class _Sampling(_Lenient):
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = Field(default=None, ge=-1)
-    max_tokens: int | None = Field(default=None, ge=1)
+    top_k: Int(ge=-1) | None = None
+    max_tokens: Int(ge=1) | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
-    n: int = Field(default=1, ge=1, le=16)
-    stop_token_ids: list[int] | None = None
+    seed: Int(ge=-(2**63), le=2**64 - 1) | None = None  # what torch's generators take
+    n: Int(ge=1, le=16) = 1
+    stop_token_ids: list[Int()] | None = None
     ignore_eos: bool = False
     return_token_ids: bool = False
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_lone_surrogates(cls, v: Any) -> Any:
+        if _has_surrogate(v):
+            raise ValueError("contains a lone UTF-16 surrogate (\\ud800-\\udfff), which is not valid Unicode text")
+        return v
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
@@ -101,24 +174,25 @@ class ChatCompletionRequest(_Sampling):
     tools: list[ToolSpec] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: Int(ge=1) | None = None
     logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    top_logprobs: Int(ge=0, le=20) | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: str | list[str] | list[Int()] | list[list[Int()]]
     echo: bool = False
-    max_tokens: int | None = Field(default=16, ge=1)
-    logprobs: int | None = Field(default=None, ge=0, le=20)
+    max_tokens: Int(ge=1) | None = 16
+    logprobs: Int(ge=0, le=20) | None = None
 
     def prompts(self) -> list[str | list[int]]:
         p = self.prompt
         if isinstance(p, str):
             return [p]
         if not p:
-            raise APIError(400, "prompt is empty", param="prompt")
+            raise APIError(400, "The prompt is empty: it has no tokens to continue from.", param="prompt",
+                           code="empty_prompt")
         if all(isinstance(x, int) for x in p):
             return [list(p)]  # type: ignore[list-item]
         return list(p)  # type: ignore[arg-type]
@@ -132,6 +206,22 @@ class LoadWeightsRequest(BaseModel):
     path: str = Field(min_length=1)
     policy_version: StrictInt | None = Field(default=None, ge=0)
     abort_in_flight: StrictBool = False
+
+
+def _has_surrogate(v: Any) -> bool:
+    """Whether any string in a JSON value (keys included) holds a lone surrogate."""
+    stack = [v]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, str):
+            if _SURROGATE.search(x):
+                return True
+        elif isinstance(x, dict):
+            stack += x.keys()
+            stack += x.values()
+        elif isinstance(x, list):
+            stack += x
+    return False
 
 
 def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
