@@ -2,31 +2,41 @@
 and /v1/load_weights (RL training: serve a new checkpoint in place, under a new policy version).
 
 Every error is OpenAI-shaped (`{"error": {"message", "type", "param", "code"}}`): 400 for invalid
-requests (including prompts longer than the model), 401 for a missing or wrong key when one is set,
-404 for unknown models and routes, 503 for a request aborted by a weight load. Handlers for the two
-completion endpoints are in serve/chat_api.py and serve/text_api.py; this module holds the app, auth,
-shared request checks and errors.
+requests (including prompts longer than the model), 401 for a missing or wrong key when one is set
+(checked before the body is read: serve/guard.py), 404 for unknown models and routes, 413 for a body
+over --max-body-mb, 503 for a request aborted by a weight load or an engine that stopped. Prompts are
+rendered and tokenised on worker threads, so a huge one never stalls the event loop (and /health);
+a non-streamed completion whose client disconnects is cancelled, which frees its sequences (streams
+are cancelled by Starlette). Handlers for the two completion endpoints are in serve/chat_api.py and
+serve/text_api.py; this module holds the app, shared request checks and errors; serve/openapi.py the
+schema's error responses.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import secrets
 import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from serve.chat_format import ChatFormat
-from serve.engine.base import Engine, SamplingParams
+from serve.engine.base import Engine, EngineStopped, SamplingParams
 from serve.engine.weights import RequestAborted, WeightLoadError
+from serve.guard import Guard, route_template
 from serve.metrics import Metrics
+from serve.openapi import errors, install_openapi
 from serve.schemas import (
     APIError,
     ChatCompletionRequest,
@@ -34,6 +44,12 @@ from serve.schemas import (
     LoadWeightsRequest,
     validation_message,
 )
+
+T = TypeVar("T")
+DEFAULT_MAX_BODY_BYTES = 16 * 2**20
+# A normaliser (NFC) can merge a few code points into one before the tokenizer sees them: the margin
+# that keeps the "cannot fit" bound below a sound one.
+NORMALISER_MARGIN = 4
 
 
 @dataclass
@@ -45,11 +61,35 @@ class ServerState:
     api_key: str | None = None
     model_path: str = ""
     host: str = "127.0.0.1"
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    metrics_need_key: bool = False
     created: int = field(default_factory=lambda: int(time.time()))
     metrics: Metrics = field(init=False)
+    workers: ThreadPoolExecutor = field(init=False)
 
     def __post_init__(self) -> None:
         self.metrics = Metrics(self.engine.stats)
+        # Rendering and tokenising (tokenizers releases the GIL in encode_batch: ChatFormat.encode);
+        # two threads, as the engine thread wants the cores.
+        self.workers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="composer-prepare")
+
+    def key_paths(self, path: str) -> bool:
+        """Paths that need the key when one is set: the API, and /metrics if asked (--metrics-need-key)."""
+        return path.startswith("/v1/") or path == "/v1" or (self.metrics_need_key and path == "/metrics")
+
+    async def offload(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run CPU-heavy request preparation off the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self.workers, partial(fn, *args))
+
+    def encode(self, text: str, param: str) -> list[int]:
+        """A prompt's token ids; refused untokenised when it certainly cannot fit: no token covers more
+        than `longest_token` characters, so a longer text has more tokens than the context holds."""
+        limit = self.max_model_len
+        if len(text) > NORMALISER_MARGIN * self.chat.longest_token * limit:
+            raise APIError(400, f"This model's maximum context length is {limit} tokens. However, your prompt has "
+                                f"{len(text)} characters, more than {limit} tokens can hold. Please reduce the "
+                                "length of the input.", param=param, code="context_length_exceeded")
+        return self.chat.encode(text)
 
     def admin_open(self) -> bool:
         """Whether an admin call without a key is acceptable: only on a loopback-only server."""
@@ -73,6 +113,9 @@ class ServerState:
                  max_tokens: int | None, logprobs: bool, top_logprobs: int = 0) -> SamplingParams:
         limit = self.max_model_len
         field = "messages" if isinstance(req, ChatCompletionRequest) else "prompt"
+        if prompt_len == 0:  # the engine needs a token to continue from
+            raise APIError(400, f"The {field} is empty: it has no tokens to continue from.", param=field,
+                           code="empty_prompt")
         if prompt_len >= limit:
             raise APIError(400, f"This model's maximum context length is {limit} tokens. However, your prompt "
                                 f"has {prompt_len} tokens. Please reduce the length of the input.",
@@ -104,7 +147,32 @@ def engine_error(e: Exception) -> APIError:
     """What a failed generation tells its client (in a stream: as an error event)."""
     if isinstance(e, RequestAborted):
         return APIError(503, str(e), type="server_error", code="weights_reloaded")
+    if isinstance(e, EngineStopped):
+        return APIError(503, str(e), type="server_error", code="engine_stopped")
     return APIError(500, str(e), type="server_error")
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await a non-streamed completion, cancelled if its client goes away first: cancelling closes its
+    engine streams, which frees their sequences (else they would generate to max_tokens for no one)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        task.cancel()  # a no-op once it is done
+    if task in done:
+        return task.result()
+    await asyncio.gather(task, return_exceptions=True)  # its cleanup (the engine streams' close) runs now
+    raise APIError(499, "the client closed the connection before the completion was done",
+                   code="client_closed_request")
+
+
+async def _disconnect(request: Request) -> None:
+    """Returns when the client disconnects (the body has been read: what comes next can only be that)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -113,47 +181,57 @@ def create_app(state: ServerState) -> FastAPI:
         await state.engine.start()
         yield
         await state.engine.stop()
+        state.workers.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="composer-serve", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.server = state
 
-    async def auth(request: Request) -> None:
-        if state.api_key and request.headers.get("authorization") != f"Bearer {state.api_key}":
-            raise APIError(401, "Incorrect or missing API key.", code="invalid_api_key")
+    def count(scope, status: int) -> None:
+        state.metrics.requests.labels(route_template(app.routes, scope), str(status)).inc()
+
+    app.add_middleware(Guard, api_key=state.api_key, key_paths=state.key_paths,  # type: ignore[arg-type]
+                       max_body_bytes=state.max_body_bytes, count=count)
+
+    def error_response(request: Request, e: APIError) -> JSONResponse:
+        count(request.scope, e.status)
+        return JSONResponse(e.body(), status_code=e.status)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, e: APIError):
-        state.metrics.requests.labels(request.url.path, str(e.status)).inc()
-        return JSONResponse(e.body(), status_code=e.status)
+        return error_response(request, e)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, e: RequestValidationError):
         message, param = validation_message(list(e.errors()))
-        state.metrics.requests.labels(request.url.path, "400").inc()
-        return JSONResponse(APIError(400, message, param=param).body(), status_code=400)
+        return error_response(request, APIError(400, message, param=param))
 
     @app.exception_handler(RequestAborted)
-    async def _aborted(request: Request, e: RequestAborted):
-        err = engine_error(e)
-        state.metrics.requests.labels(request.url.path, str(err.status)).inc()
-        return JSONResponse(err.body(), status_code=err.status)
+    @app.exception_handler(EngineStopped)
+    async def _engine(request: Request, e: Exception):
+        return error_response(request, engine_error(e))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, e: StarletteHTTPException):
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
-        return JSONResponse(APIError(e.status_code, str(e.detail), type=kind).body(), status_code=e.status_code)
+        r = error_response(request, APIError(e.status_code, str(e.detail), type=kind))
+        r.headers.update(e.headers or {})  # a 405's Allow
+        return r
 
     @app.exception_handler(Exception)
     async def _crash(request: Request, e: Exception):
-        state.metrics.requests.labels(request.url.path, "500").inc()
-        return JSONResponse(APIError(500, f"internal error: {type(e).__name__}: {e}", type="server_error").body(),
-                            status_code=500)
+        return error_response(request, APIError(500, f"internal error: {type(e).__name__}: {e}",
+                                                type="server_error"))
 
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
+    @app.get("/health", responses=errors(503))
+    async def health():
+        if not state.engine.running():  # the error body, with the status fields a health check reads
+            err = engine_error(EngineStopped())
+            return JSONResponse({"status": "error", "policy_version": state.engine.policy_version} | err.body(),
+                                status_code=503)
         return {"status": "ok", "policy_version": state.engine.policy_version}
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}},
+                                                                   "description": "Prometheus metrics"}})
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
@@ -162,28 +240,32 @@ def create_app(state: ServerState) -> FastAPI:
                 "root": state.model_path, "max_model_len": state.max_model_len,
                 "policy_version": state.engine.policy_version}
 
-    @app.get("/v1/models", dependencies=[Depends(auth)])
+    completion_responses = {200: {"content": {"application/json": {}, "text/event-stream": {}},
+                                  "description": "The completion; with stream: true, server-sent events"},
+                            **errors(400, 404, 500, 503)}
+
+    @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [model_card()]}
 
-    @app.get("/v1/models/{name:path}", dependencies=[Depends(auth)])
+    @app.get("/v1/models/{name:path}", responses=errors(404))
     async def model(name: str) -> dict[str, Any]:
         state.check_model(name)
         return model_card()
 
-    @app.post("/v1/chat/completions", dependencies=[Depends(auth)])
+    @app.post("/v1/chat/completions", responses=completion_responses)
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         from serve.chat_api import chat_completion
 
         return await chat_completion(state, body, request)
 
-    @app.post("/v1/completions", dependencies=[Depends(auth)])
+    @app.post("/v1/completions", responses=completion_responses)
     async def completions(body: CompletionRequest, request: Request):
         from serve.text_api import text_completion
 
         return await text_completion(state, body, request)
 
-    @app.post("/v1/load_weights", dependencies=[Depends(auth)])
+    @app.post("/v1/load_weights", responses=errors(400, 403))
     async def load_weights(body: LoadWeightsRequest) -> dict[str, Any]:
         if not state.admin_open():
             raise APIError(403, f"loading weights is an admin action and this server listens on {state.host} "
@@ -196,4 +278,5 @@ def create_app(state: ServerState) -> FastAPI:
         return {"policy_version": r.policy_version, "load_s": round(r.load_s, 4), "wait_s": round(r.wait_s, 4),
                 "aborted": r.aborted}
 
+    install_openapi(app, state.api_key, state.key_paths, state.max_body_bytes)
     return app

@@ -8,7 +8,8 @@ parallel_tool_calls=false keeps the first call and stops generating after it.
 Streaming emits content and reasoning deltas as they become certain and each tool call whole, as soon
 as its closing tag arrives. Every body and chunk carries `policy_version`, the version of the weights
 that generated the tokens; it is known once the engine has taken the request, so a stream's first
-chunk (the role) waits for the first token.
+chunk (the role) waits for the first token. A stream that fails ends with the error event, without
+`[DONE]`, so a client cannot take it for a finished answer.
 """
 
 from __future__ import annotations
@@ -24,13 +25,11 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from serve.api import ServerState, engine_error, request_id
+from serve.api import ServerState, engine_error, request_id, unless_disconnected
 from serve.chat_format import ChatFormatError
 from serve.engine.base import SamplingParams
 from serve.generation import Finish, run_choice
 from serve.schemas import APIError, ChatCompletionRequest, NamedToolChoice
-
-DISCONNECT_CHECK_EVERY = 32
 
 
 @dataclass
@@ -67,32 +66,36 @@ def prepare(state: ServerState, req: ChatCompletionRequest) -> Prepared:
         names = [t["function"]["name"] for t in tools or []]
         if choice.function.name not in names:
             raise APIError(400, f"tool_choice names the function {choice.function.name!r}, which is not in tools",
-                           param="tool_choice")
+                           param="tool_choice", code="invalid_tool_choice")
         forced = choice.function.name
     elif choice == "required" and not tools:
-        raise APIError(400, "tool_choice 'required' needs at least one tool", param="tool_choice")
+        raise APIError(400, "tool_choice 'required' needs at least one tool", param="tool_choice",
+                       code="invalid_tool_choice")
     rendered_tools = tools if choice != "none" else None
+    kwargs = req.chat_template_kwargs or {}
+    if clash := sorted(set(kwargs) & state.chat.reserved_kwargs):
+        raise APIError(400, f"chat_template_kwargs cannot set {', '.join(clash)}: the server sets them from the "
+                            "request", param="chat_template_kwargs")
     try:
-        prompt_text = state.chat.render(messages, rendered_tools, True, **(req.chat_template_kwargs or {}))
+        prompt_text = state.chat.render(messages, rendered_tools, True, **kwargs)
     except ChatFormatError as e:
-        raise APIError(400, str(e), param="messages") from None
+        raise APIError(400, str(e), param="chat_template_kwargs" if kwargs else "messages",
+                       code="chat_template_error") from None
     prefix = state.chat.forced_call_prefix(forced) if (forced or choice == "required") else ""
-    prompt_ids = state.chat.encode(prompt_text + prefix)
+    prompt_ids = state.encode(prompt_text + prefix, "messages")
     if req.top_logprobs and not req.logprobs:
-        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs", code="logprobs_required")
     params = state.sampling(req, len(prompt_ids), req.max_completion_tokens or req.max_tokens, req.logprobs,
                             req.top_logprobs or 0)
     return Prepared(prompt_text, prefix, prompt_ids, rendered_tools, params, req.stop_list(), req.parallel_tool_calls)
 
 
-async def choice_events(state: ServerState, p: Prepared, params: SamplingParams, request: Request
-                        ) -> AsyncIterator[tuple[str, Any]]:
+async def choice_events(state: ServerState, p: Prepared, params: SamplingParams) -> AsyncIterator[tuple[str, Any]]:
     """("content"|"reasoning", text), ("tool_call", dict), ("tokens", (ids, logprobs, tops, policy version)),
     ("finish", ChoiceOut)."""
     parser = state.chat.stream_parser(p.tools, parse_tools=p.tools is not None, prompt_text=p.prompt_text)
     out = ChoiceOut()
     pending = parser.feed(p.prefix) if p.prefix else []
-    seen = 0
     gen = run_choice(state.engine, state.chat.tokenizer, p.prompt_ids, params, p.stop, state.metrics)
     stop_early = False
     try:
@@ -113,8 +116,7 @@ async def choice_events(state: ServerState, p: Prepared, params: SamplingParams,
                 if event:
                     yield event
             pending = []
-            seen += 1
-            if stop_early or (seen % DISCONNECT_CHECK_EVERY == 0 and await request.is_disconnected()):
+            if stop_early:
                 out.completion_tokens = len(out.token_ids)
                 break
     finally:
@@ -148,13 +150,14 @@ def per_choice_params(params: SamplingParams, i: int) -> SamplingParams:
 
 
 async def chat_completion(state: ServerState, req: ChatCompletionRequest, request: Request):
-    p = prepare(state, req)
+    p = await state.offload(prepare, state, req)
     rid, created = request_id("chatcmpl"), int(time.time())
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return StreamingResponse(_stream(state, req, p, request, rid, created, include_usage),
+        return StreamingResponse(_stream(state, req, p, rid, created, include_usage),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    outs = await asyncio.gather(*(_collect(state, p, per_choice_params(p.params, i), request) for i in range(req.n)))
+    outs = await unless_disconnected(request, asyncio.gather(
+        *(_collect(state, p, per_choice_params(p.params, i)) for i in range(req.n))))
     choices = []
     for i, out in enumerate(outs):
         message: dict[str, Any] = {"role": "assistant", "content": "".join(out.content).strip() if out.tool_calls
@@ -179,9 +182,9 @@ async def chat_completion(state: ServerState, req: ChatCompletionRequest, reques
     return body
 
 
-async def _collect(state: ServerState, p: Prepared, params: SamplingParams, request: Request) -> ChoiceOut:
+async def _collect(state: ServerState, p: Prepared, params: SamplingParams) -> ChoiceOut:
     out = ChoiceOut()
-    async for kind, value in choice_events(state, p, params, request):
+    async for kind, value in choice_events(state, p, params):
         if kind == "finish":
             out = value
     return out
@@ -202,8 +205,8 @@ def usage(prompt: int, completion: int) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-async def _stream(state: ServerState, req: ChatCompletionRequest, p: Prepared, request: Request, rid: str,
-                  created: int, include_usage: bool) -> AsyncIterator[bytes]:
+async def _stream(state: ServerState, req: ChatCompletionRequest, p: Prepared, rid: str, created: int,
+                  include_usage: bool) -> AsyncIterator[bytes]:
     base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": state.served_name}
 
     def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
@@ -225,7 +228,7 @@ async def _stream(state: ServerState, req: ChatCompletionRequest, p: Prepared, r
             return lp
 
         try:
-            async for kind, value in choice_events(state, p, per_choice_params(p.params, i), request):
+            async for kind, value in choice_events(state, p, per_choice_params(p.params, i)):
                 if kind == "tokens":
                     if not announced:
                         announced = True
@@ -255,7 +258,7 @@ async def _stream(state: ServerState, req: ChatCompletionRequest, p: Prepared, r
                     c["token_ids"], ids = ids, []
                 await queue.put(("chunk", c, 0))
         except Exception as e:  # noqa: BLE001 - reported in-stream: headers are already sent
-            await queue.put(("error", (engine_error(e).body(), getattr(e, "policy_version", None)), 0))
+            await queue.put(("error", (engine_error(e), getattr(e, "policy_version", None)), 0))
 
     tasks = [asyncio.create_task(produce(i)) for i in range(req.n)]
     try:
@@ -265,10 +268,10 @@ async def _stream(state: ServerState, req: ChatCompletionRequest, p: Prepared, r
         done, completion = 0, 0
         while done < req.n:
             kind, value, n = await queue.get()
-            if kind == "error":
-                base.setdefault("policy_version", state.response_version([value[1]]))
-                yield f"data: {json.dumps(value[0])}\n\n".encode()
-                break
+            if kind == "error":  # the last event: no usage, no [DONE] (the answer is not complete)
+                yield f"data: {json.dumps(value[0].body())}\n\n".encode()
+                state.metrics.requests.labels("/v1/chat/completions", str(value[0].status)).inc()
+                return
             if "policy_version" not in base:  # the first token of any choice: now the role chunk can go
                 base["policy_version"] = state.response_version([value if kind == "version" else None])
                 yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None,

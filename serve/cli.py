@@ -28,7 +28,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="expert weights (auto: mxfp8 on GPU, none on CPU; checkpoints stored in MXFP8 load as is)")
     p.add_argument("--served-model-name", help="name clients use (default: --model as given)")
     p.add_argument("--api-key", help="require this Bearer key on /v1 requests (and, off loopback, allow "
-                   "POST /v1/load_weights at all)")
+                   "POST /v1/load_weights at all); /health, /metrics and /openapi.json stay open")
+    p.add_argument("--metrics-need-key", action="store_true", help="with --api-key, /metrics needs the key too")
+    p.add_argument("--max-body-mb", type=float, default=16.0,
+                   help="largest request body accepted, in MiB (default 16; larger ones get a 413 unread)")
     p.add_argument("--max-model-len", type=int, help="context length (default: the checkpoint's)")
     p.add_argument("--tool-call-parser", choices=["hermes", "qwen3_coder"],
                    help="tool-call text format (default: detected from the chat template)")
@@ -54,7 +57,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.max_body_mb <= 0:
+        parser.error("--max-body-mb must be positive")
+    if args.metrics_need_key and not args.api_key:
+        parser.error("--metrics-need-key needs --api-key")
     model_dir = Path(args.model)
     if not (model_dir / "config.json").is_file():
         print(f"composer-serve: error: {args.model} is not a checkpoint folder (no config.json)", file=sys.stderr)
@@ -92,7 +100,8 @@ def _main(argv: list[str] | None = None) -> int:
         except (ValueError, OSError) as e:
             print(f"composer-serve: error: {e}", file=sys.stderr)
             return 2
-        state = ServerState(engine, chat, served, engine.max_model_len, args.api_key, str(model_dir), args.host)
+        state = ServerState(engine, chat, served, engine.max_model_len, args.api_key, str(model_dir), args.host,
+                            max_body_bytes=int(args.max_body_mb * 2**20), metrics_need_key=args.metrics_need_key)
         app = create_app(state)
         note += f"; policy version {engine.policy_version}"
     print(f"composer-serve: serving {served} at http://{args.host}:{port}/v1 ({note})", flush=True)

@@ -10,6 +10,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from serve.guard import key_ok
 from serve.schemas import APIError
 
 HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "content-encoding"}
@@ -28,7 +29,8 @@ def create_proxy_app(upstream: str, api_key: str | None = None) -> FastAPI:
 
     @app.api_route("/{path:path}", methods=["GET", "POST"])
     async def forward(path: str, request: Request):
-        if path.startswith("v1/") and api_key and request.headers.get("authorization") != f"Bearer {api_key}":
+        if path.startswith("v1/") and api_key and not key_ok(request.headers.get("authorization", "").encode(),
+                                                              api_key):
             err = APIError(401, "Incorrect or missing API key.", code="invalid_api_key")
             return JSONResponse(err.body(), status_code=401)
         headers = {k: v for k, v in request.headers.items()

@@ -1,7 +1,8 @@
 """POST /v1/completions: raw text (or token ids) in, text out; no chat template, no tool parsing.
 
 Bodies and chunks carry `policy_version`, known at the first generated token: a stream holds the
-chunks before it (the echoed prompt) until then."""
+chunks before it (the echoed prompt) until then. A stream that fails ends with the error event, without
+`[DONE]`."""
 
 from __future__ import annotations
 
@@ -14,26 +15,35 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from serve.api import ServerState, engine_error, request_id
+from serve.api import ServerState, engine_error, request_id, unless_disconnected
 from serve.chat_api import per_choice_params, usage
+from serve.engine.base import SamplingParams
 from serve.generation import Finish, Piece, run_choice
 from serve.schemas import APIError, CompletionRequest
 
 
-async def text_completion(state: ServerState, req: CompletionRequest, request: Request):
+def prepare(state: ServerState, req: CompletionRequest) -> list[tuple[int, list[int], str, SamplingParams]]:
+    """(choice index, prompt ids, prompt text, params) per choice; on a worker thread (it tokenises)."""
     state.check_model(req.model)
-    jobs = []  # (choice index, prompt ids, prompt text, params)
+    jobs = []
     vocab = state.chat.tokenizer.get_vocab_size()
     for prompt in req.prompts():
         if isinstance(prompt, str):
-            ids, text = state.chat.encode(prompt), prompt
+            ids = state.encode(prompt, "prompt")
         else:
             if any(not 0 <= t < vocab for t in prompt):
-                raise APIError(400, f"prompt token ids must be in [0, {vocab})", param="prompt")
-            ids, text = list(prompt), state.chat.decode(list(prompt))
+                raise APIError(400, f"prompt token ids must be in [0, {vocab})", param="prompt",
+                               code="invalid_token_id")
+            ids = list(prompt)
         params = state.sampling(req, len(ids), req.max_tokens, req.logprobs is not None, req.logprobs or 0)
+        text = prompt if isinstance(prompt, str) else state.chat.decode(ids) if req.echo else ""
         for j in range(req.n):
             jobs.append((len(jobs), ids, text, per_choice_params(params, j)))
+    return jobs
+
+
+async def text_completion(state: ServerState, req: CompletionRequest, request: Request):
+    jobs = await state.offload(prepare, state, req)
     rid, created = request_id("cmpl"), int(time.time())
     base = {"id": rid, "object": "text_completion", "created": created, "model": state.served_name}
     prompt_tokens = sum(len(ids) for _, ids, _, _ in jobs) // req.n
@@ -41,7 +51,7 @@ async def text_completion(state: ServerState, req: CompletionRequest, request: R
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return StreamingResponse(_stream(state, req, jobs, base, prompt_tokens, include_usage),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    results = await asyncio.gather(*(_collect(state, req, job) for job in jobs))
+    results = await unless_disconnected(request, asyncio.gather(*(_collect(state, req, job) for job in jobs)))
     choices = [c for c, _, _ in results]
     body: dict[str, Any] = base | {"policy_version": state.response_version([v for _, _, v in results]),
                                    "choices": choices, "usage": usage(prompt_tokens, sum(n for _, n, _ in results))}
@@ -97,7 +107,7 @@ async def _stream(state: ServerState, req: CompletionRequest, jobs, base: dict[s
         try:
             await _produce(job)
         except Exception as e:  # noqa: BLE001 - reported in-stream: headers are already sent
-            await queue.put((engine_error(e).body(), 0, True, getattr(e, "policy_version", None)))
+            await queue.put((engine_error(e), 0, True, getattr(e, "policy_version", None)))
 
     async def _produce(job) -> None:
         index, ids, text, params = job
@@ -128,14 +138,16 @@ async def _stream(state: ServerState, req: CompletionRequest, jobs, base: dict[s
             c, n, finished, version = await queue.get()
             done += finished
             completion += n
-            if "policy_version" not in base and (version is not None or "error" in c):
+            if "policy_version" not in base and (version is not None or isinstance(c, APIError)):
                 base["policy_version"] = state.response_version([version])
                 for h in held:
                     yield chunk([h])
                 held = []
-            if "error" in c:
-                yield f"data: {json.dumps(c)}\n\n".encode()
-            elif "policy_version" not in base:
+            if isinstance(c, APIError):  # the last event: no usage, no [DONE] (the answer is not complete)
+                yield f"data: {json.dumps(c.body())}\n\n".encode()
+                state.metrics.requests.labels("/v1/completions", str(c.status)).inc()
+                return
+            if "policy_version" not in base:
                 held.append(c)
             else:
                 yield chunk([c])

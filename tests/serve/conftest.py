@@ -76,3 +76,32 @@ def hermes_server(request, tiny_hermes):
     srv.engine = request.param
     yield srv
     srv.stop()
+
+
+KEY = "sk-test"
+
+
+@pytest.fixture(scope="session")
+def native_server(tiny_hermes):
+    """composer-serve (native engine, key sk-test) for the reliability tests: faults, disconnects, limits."""
+    srv = start_server(tiny_hermes, "--served-model-name", "tiny", "--api-key", KEY, "--dtype", "float32")
+    yield srv
+    srv.stop()
+
+
+def gauge(server: Server, name: str) -> float:
+    """A gauge's value from /metrics (composer_requests_running, composer_kv_cache_usage_ratio, ...)."""
+    text = httpx.get(server.base_url.removesuffix("/v1") + "/metrics", headers={"Authorization": f"Bearer {KEY}"},
+                     timeout=10).text
+    return float(re.search(rf"^{name} (\S+)$", text, re.M).group(1))
+
+
+def wait_idle(server: Server, timeout: float = 15) -> bool:
+    """Whether the engine is back to no running or waiting sequence and an empty KV cache in time."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(gauge(server, g) for g in ("composer_requests_running", "composer_requests_waiting",
+                                              "composer_kv_cache_usage_ratio")):
+            return True
+        time.sleep(0.1)
+    return False
