@@ -12,7 +12,6 @@ aborted) and those after it run on the new one, which the worker loads between t
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import queue
 import threading
 import time
@@ -21,6 +20,7 @@ from dataclasses import dataclass, field
 
 from serve.engine.base import DONE, Engine, EngineStats, EngineStopped, GenToken, SamplingParams, drain
 from serve.engine.weights import (
+    Reload,
     RequestAborted,
     WeightLoadError,
     WeightsLoaded,
@@ -45,16 +45,6 @@ class _Request:
     cancelled: threading.Event = field(default_factory=threading.Event)
     aborted: RequestAborted | None = None  # set by an aborting load, under HFEngine._mark
     finished: bool = False
-
-
-@dataclass(eq=False)
-class _Reload:
-    path: str
-    version: int
-    abort: bool
-    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
-    queued_at: float = field(default_factory=time.monotonic)
-    aborted: int = 0
 
 
 def resolve_dtype(dtype: str, device: str):
@@ -119,7 +109,7 @@ class HFEngine(Engine):
             folder = checkpoint_dir(path)
             version = next_version(self.policy_version, policy_version, folder)
             self._check_fits(folder)
-            cmd = _Reload(str(folder), version, abort_in_flight)
+            cmd = Reload(str(folder), version, abort_in_flight)
             if abort_in_flight:
                 with self._mark:
                     victims = [r for r in self._inflight if not r.finished]
@@ -148,7 +138,7 @@ class HFEngine(Engine):
             req = self._queue.get()
             if req is None:
                 return
-            if isinstance(req, _Reload):
+            if isinstance(req, Reload):
                 self._swap(req)
                 continue
             if req.cancelled.is_set() and req.aborted is None:
@@ -167,7 +157,7 @@ class HFEngine(Engine):
                     req.loop.call_soon_threadsafe(req.out.put_nowait, req.aborted)
                 req.loop.call_soon_threadsafe(req.out.put_nowait, DONE)
 
-    def _swap(self, cmd: _Reload) -> None:
+    def _swap(self, cmd: Reload) -> None:
         """Between requests, on the worker thread: a new transformers model replaces the old one."""
         from transformers import AutoModelForCausalLM
 

@@ -23,13 +23,12 @@ SDPA over gathered pages, not a fused paged-attention kernel.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import os
 import queue
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -40,6 +39,7 @@ from serve.engine.sampling import make_generator, sample_batch
 from serve.engine.scheduler import Scheduler
 from serve.engine.sequence import Sequence
 from serve.engine.weights import (
+    Reload,
     RequestAborted,
     WeightLoadError,
     WeightsLoaded,
@@ -82,18 +82,6 @@ class EngineConfig:
                              "(and max_batched_tokens >= block_size)")
 
 
-@dataclass(eq=False)
-class _Reload:
-    """A weight load waiting in the engine's inbox; the engine thread answers through `future`."""
-
-    path: str
-    version: int
-    abort: bool
-    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
-    queued_at: float = field(default_factory=time.monotonic)
-    aborted: int = 0
-
-
 class NativeEngine(Engine):
     name = "native"
 
@@ -121,7 +109,7 @@ class NativeEngine(Engine):
         self.runner = ModelRunner(self.model, num_blocks, c.block_size, self.device, self.dtype)
         self.kv_cache_bytes = num_blocks * c.block_size * per_token
         self._inbox: queue.Queue = queue.Queue()
-        self._reload: _Reload | None = None  # the load waiting for the running sequences to finish
+        self._reload: Reload | None = None  # the load waiting for the running sequences to finish
         self._held: list = []  # what came into the inbox after it: handled once the new weights are in
         self._load_lock = asyncio.Lock()  # one load at a time, so versions are checked against the latest
         self._stop = threading.Event()
@@ -156,7 +144,7 @@ class NativeEngine(Engine):
     def running(self) -> bool:
         return not self._closed and self._thread.is_alive()
 
-    def _submit(self, item: Sequence | _Reload) -> None:
+    def _submit(self, item: Sequence | Reload) -> None:
         with self._inbox_lock:
             if self._closed:
                 raise EngineStopped()
@@ -185,7 +173,7 @@ class NativeEngine(Engine):
             folder = checkpoint_dir(path)
             version = next_version(self.policy_version, policy_version, folder)
             self._check_fits(folder)
-            cmd = _Reload(str(folder), version, abort_in_flight)
+            cmd = Reload(str(folder), version, abort_in_flight)
             self._submit(cmd)
             return await asyncio.wrap_future(cmd.future)
 
@@ -241,7 +229,7 @@ class NativeEngine(Engine):
         seqs = self.scheduler.drop_all() + [x for x in pending if isinstance(x, Sequence)]
         self._fail(seqs, EngineStopped())
         for cmd in pending:
-            if isinstance(cmd, _Reload):
+            if isinstance(cmd, Reload):
                 cmd.future.set_exception(WeightLoadError("the engine stopped before loading the weights", param=None))
 
     def _fail(self, seqs: list[Sequence], e: Exception) -> None:
@@ -262,12 +250,12 @@ class NativeEngine(Engine):
             except queue.Empty:
                 return
 
-    def _accept(self, item: Sequence | _Reload | None) -> None:
+    def _accept(self, item: Sequence | Reload | None) -> None:
         if item is None:  # a wake-up
             return
         if self._reload is not None:
             self._held.append(item)
-        elif isinstance(item, _Reload):
+        elif isinstance(item, Reload):
             self._reload = item
             if item.abort:
                 item.aborted = self._abort_all(item.version)
@@ -282,7 +270,7 @@ class NativeEngine(Engine):
         self._emit_many([(s, x) for s in gone for x in (RequestAborted(s.policy_version, new_version), DONE)])
         return len(gone)
 
-    def _swap_weights(self, cmd: _Reload) -> None:
+    def _swap_weights(self, cmd: Reload) -> None:
         """With no sequence left: load the checkpoint into a new model (same device, dtype, quant and CPU
         packing as at start-up), swap it in, empty the prefix cache (its K/V came from the old weights),
         then let the held requests in. On failure the old model stays."""

@@ -8,12 +8,26 @@ and it must strictly increase: two checkpoints with one version would make sampl
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 POLICY_FILE = "composer_policy.json"
+
+
+@dataclass(eq=False)
+class Reload:
+    """A weight load waiting in an engine's inbox; the engine thread answers through `future`."""
+
+    path: str
+    version: int
+    abort: bool
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    queued_at: float = field(default_factory=time.monotonic)
+    aborted: int = 0
 
 
 class WeightLoadError(ValueError):
