@@ -91,7 +91,9 @@ class Agent:
                 if not reply.tool_calls:
                     final = reply.content
                     if cap is not None and reply.finish_reason == "length":
-                        status = "max_tokens"  # the answer was cut short by what the budget had left
+                        # Cut short by max_tokens (the configured cap or what the budget had left): a
+                        # truncated answer is not a completed one.
+                        status = "max_tokens"
                     break
         except ModelError as e:
             status, error = ("interrupted", None) if e.kind == "interrupted" else ("error", str(e))

@@ -87,7 +87,7 @@ def test_the_flag_records_the_sampled_tokens(git_repo, server, ckpt):
     assert p.returncode in (0, 1), p.stderr  # gibberish may call a tool and hit max_turns; never an error
     assert "error" not in p.stderr
     finished = json.loads(p.stdout.splitlines()[-1])
-    assert finished["type"] == "finished" and finished["status"] in ("completed", "max_turns")
+    assert finished["type"] == "finished" and finished["status"] in ("completed", "max_turns", "max_tokens")  # a random model runs into max_output_tokens
     records = check_token_records(session_of(git_repo), ckpt)
     assert {r["purpose"] for r in records} == {"turn"} and len(records) == finished["turns"]
 
