@@ -23,10 +23,10 @@ from serve.chat_format import ChatFormat
 
 
 class ExpertTokenServer:
-    def __init__(self, model_dir: str | Path, tasks: list[Task], name: str = "expert"):
+    def __init__(self, model_dir: str | Path, tasks: list[Task], name: str = "expert", version: int = 0):
         self.chat = ChatFormat(model_dir)
         self.plans = plans(tasks)
-        self.name = name
+        self.name, self.version = name, version
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
@@ -60,6 +60,13 @@ class ExpertTokenServer:
         end = self.chat.special_tokens.get("eos_token") or "<|im_end|>"
         return text[: text.rindex(end) + len(end)] if end in text else text
 
+    def completion(self, messages: list[dict[str, Any]], tools) -> str:
+        """The raw completion text for this request (subclasses may answer otherwise)."""
+        return self.completion_text(messages, tools, expert_turn(self.plans, messages, tools))
+
+    def logprobs(self, ids: list[int]) -> list[float]:
+        return [0.0] * len(ids)
+
     def _handler(self):
         server = self
 
@@ -75,7 +82,8 @@ class ExpertTokenServer:
                 self.wfile.write(body)
 
             def do_GET(self) -> None:
-                card = {"id": server.name, "object": "model", "max_model_len": 65536, "policy_version": 0}
+                card = {"id": server.name, "object": "model", "max_model_len": 65536,
+                        "policy_version": server.version}
                 self._send(200, json.dumps({"object": "list", "data": [card]}).encode(), "application/json")
 
             def do_POST(self) -> None:
@@ -83,7 +91,7 @@ class ExpertTokenServer:
                 messages, tools = body.get("messages") or [], body.get("tools")
                 try:
                     prompt = server.chat.render_ids(messages, tools)
-                    text = server.completion_text(messages, tools, expert_turn(server.plans, messages, tools))
+                    text = server.completion(messages, tools)
                 except ValueError as e:
                     self._send(400, json.dumps({"error": {"message": str(e), "type": "invalid_request_error"}})
                                .encode(), "application/json")
@@ -97,8 +105,9 @@ class ExpertTokenServer:
                     delta["tool_calls"] = [{"index": i, "id": "call_" + secrets.token_hex(6), "type": "function",
                                             "function": {"name": c.name, "arguments": c.arguments}}
                                            for i, c in enumerate(parsed.tool_calls)]
-                lps = {"content": [{"token": "", "logprob": 0.0, "bytes": []} for _ in ids]}
-                base = {"id": "expert", "object": "chat.completion.chunk", "model": server.name, "policy_version": 0}
+                lps = {"content": [{"token": "", "logprob": lp, "bytes": []} for lp in server.logprobs(ids)]}
+                base = {"id": "expert", "object": "chat.completion.chunk", "model": server.name,
+                        "policy_version": server.version}
                 finish = "tool_calls" if parsed.tool_calls else "stop"
                 chunks = [base | {"prompt_token_ids": prompt, "choices": [
                               {"index": 0, "delta": delta, "token_ids": ids, "logprobs": lps, "finish_reason": finish}]},
