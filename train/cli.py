@@ -182,7 +182,7 @@ def _check(args) -> int:
     from agent.session import load
     from serve.chat_format import ChatFormat
     from train.checkpoint import read_policy
-    from train.samples import TrajectoryError, build_samples, token_requests
+    from train.samples import TrajectoryError, build_samples
     from train.trainer import Trainer, TrainerConfig
 
     model = _model_dir(args.model)
@@ -198,10 +198,8 @@ def _check(args) -> int:
         ok = False
         samples = []
     decode_bad = []
-    for rec, _ in token_requests(data) if ok else []:
-        text = chat.decode(rec["completion_token_ids"])
-        msg = _assistant_after(data, rec)
-        if msg is not None and (msg.get("content") or "").strip() not in text:
+    for rec, msg in _turn_answers(data) if ok else []:
+        if (msg.get("content") or "").strip() not in chat.decode(rec["completion_token_ids"]):
             decode_bad.append(rec.get("turn"))
     report["completion_decode"] = "ok" if not decode_bad else f"FAILED at turns {decode_bad}"
     ok = ok and not decode_bad
@@ -231,17 +229,16 @@ def _check(args) -> int:
     return 0 if ok else 1
 
 
-def _assistant_after(data, rec) -> dict | None:
-    """The assistant message a turn request produced (the message recorded right after it)."""
-    if rec.get("purpose") != "turn":
-        return None
-    seen = False
+def _turn_answers(data) -> list[tuple[dict, dict]]:
+    """(turn request, the assistant message it produced: the next one recorded), in one pass."""
+    out, pending = [], None
     for r in data.records:
-        if r is rec:
-            seen = True
-        elif seen and r["type"] == "message" and r["message"].get("role") == "assistant":
-            return r["message"]
-    return None
+        if r["type"] == "request":
+            pending = r if r.get("purpose") == "turn" else None
+        elif pending is not None and r["type"] == "message" and r["message"].get("role") == "assistant":
+            out.append((pending, r["message"]))
+            pending = None
+    return out
 
 
 if __name__ == "__main__":

@@ -97,7 +97,8 @@ class ExpertTokenServer:
                                .encode(), "application/json")
                     return
                 ids = server.chat.encode(text)
-                parsed = server.chat.parse(text[: text.rfind("<|im_end|>")] if "<|im_end|>" in text else text, tools)
+                end = server.chat.special_tokens.get("eos_token") or "<|im_end|>"
+                parsed = server.chat.parse(text.removesuffix(end), tools)
                 delta: dict[str, Any] = {"role": "assistant", "content": parsed.content}
                 if parsed.reasoning:
                     delta["reasoning_content"] = parsed.reasoning

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from agent.config import Config
-from agent.session import SessionData, load
 from agent.tasks import Task, runner
 from train.rewards import EpisodeStats, compose, episode_stats
 from train.samples import Sample, TrajectoryError, build_samples
@@ -70,15 +69,13 @@ def run_episode(task: Task, group: int, cfg: RolloutConfig, reward_fn=None, *, k
     config = Config(base_url=cfg.base_url, model=cfg.model, api_key=cfg.api_key, temperature=cfg.temperature,
                     max_output_tokens=cfg.max_output_tokens, record_tokens=True, context_window=cfg.context_window,
                     request_timeout_s=cfg.request_timeout_s, max_retries=2)
-    loaded: list[SessionData] = []
-    res = runner.run_episode(task, config, keep_dir=keep_dir, label=str(group), sandbox=cfg.sandbox,
-                             on_session=lambda r: loaded.append(load(Path(r.session_path))))
+    res = runner.run_episode(task, config, keep_dir=keep_dir, label=str(group), sandbox=cfg.sandbox)
     ep = Episode(task.id, group, res.status, passed=res.passed, infra_error=res.infra_error,
                  session_path=res.session_path, duration_s=res.duration_s, verify_s=res.verify_s)
-    if ep.infra_error or not loaded:
+    data = res.session
+    if ep.infra_error or data is None:
         ep.infra_error = ep.infra_error or "no session was recorded"
         return ep
-    data = loaded[0]
     try:
         ep.samples = build_samples(data, spec_hash=spec_hash)
     except TrajectoryError as e:

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from contextlib import nullcontext
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -107,7 +108,7 @@ class Trainer:
 
     def _token_logprobs(self, ids_BL: torch.Tensor) -> torch.Tensor:
         """Log-prob of each token given the ones before it: [B, L-1] (position t scores token t+1)."""
-        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" else _nullcontext()
+        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" else nullcontext()
         with autocast:
             logits_BLV = self.model.forward_train(ids_BL)
         logp_BTV = F.log_softmax(logits_BLV[:, :-1].float(), dim=-1)
@@ -135,7 +136,7 @@ class Trainer:
         t0 = time.monotonic()
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        total_tokens = sum(max(0, sum(s.mask[1:])) for s in samples) or 1
+        total_tokens = sum(sum(s.mask[1:]) for s in samples) or 1
         n_seqs = len(samples)
         gaps: list[torch.Tensor] = []
         stale_gaps: list[torch.Tensor] = []
@@ -180,8 +181,6 @@ class Trainer:
 
     def _loss_config(self, n_seqs: int) -> LossConfig:
         if self.loss.aggregation == "token_sum" and self.loss.normalizer is None:
-            from dataclasses import replace
-
             return replace(self.loss, normalizer=float(n_seqs * 1024))
         return self.loss
 
@@ -210,10 +209,3 @@ class Trainer:
         self.step_count, self.policy_version = int(state["step"]), int(state["policy_version"])
         return state
 
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False

@@ -2,6 +2,6 @@
 limits), isolated workspaces, the suites that ship, the scripted expert and the eval runner."""
 
 from agent.tasks.spec import Task, TaskError, load_tasks, write_tasks
-from agent.tasks.workspace import Workspace, verify
+from agent.tasks.workspace import Workspace
 
-__all__ = ["Task", "TaskError", "Workspace", "load_tasks", "verify", "write_tasks"]
+__all__ = ["Task", "TaskError", "Workspace", "load_tasks", "write_tasks"]

@@ -19,6 +19,7 @@ from typing import Any
 from agent.approval import Approvals
 from agent.config import Config
 from agent.runtime import build
+from agent.session import SessionData, load
 from agent.tasks.spec import Task
 from agent.tasks.workspace import Workspace
 
@@ -40,6 +41,7 @@ class EpisodeResult:
     verify_s: float = 0.0
     verify_output: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    session: SessionData | None = field(default=None, repr=False)  # the recorded trajectory, read once
 
     @property
     def tool_calls_per_turn(self) -> float:
@@ -63,9 +65,9 @@ def episode_config(base: Config, task: Task, sandbox: bool | None = None) -> Con
 
 
 def run_episode(task: Task, config: Config, *, keep_dir: Path | None = None, label: str = "",
-                sandbox: bool | None = None, on_session=None) -> EpisodeResult:
-    """Run `task` once in a fresh workspace; the session file is copied into `keep_dir` if given.
-    `on_session(path)` may look at the session before the workspace is removed."""
+                sandbox: bool | None = None) -> EpisodeResult:
+    """Run `task` once in a fresh workspace; the session file is copied into `keep_dir` if given and
+    read back once into `result.session` (what training builds its samples from)."""
     start = time.monotonic()
     ws: Workspace | None = None
     try:
@@ -85,16 +87,17 @@ def run_episode(task: Task, config: Config, *, keep_dir: Path | None = None, lab
             session_path = Path(shutil.copy(session_path, keep_dir / name))
         res = EpisodeResult(task.id, finished.status, final_text=finished.final_text, session_path=str(session_path),
                             turns=finished.turns, prompt_tokens=finished.prompt_tokens,
-                            completion_tokens=finished.completion_tokens)
-        _count_calls(res, session_path)
+                            completion_tokens=finished.completion_tokens, session=load(session_path))
+        for rec in res.session.records:
+            if rec["type"] == "tools" and rec.get("calls"):
+                res.tool_calls += len(rec["calls"])
+                res.turns_with_calls += 1
         if finished.status in ("error", "interrupted"):
             res.infra_error = finished.error or finished.status
         else:
             t0 = time.monotonic()
             res.passed, res.verify_output = ws.verify(finished.final_text)
             res.verify_s = time.monotonic() - t0
-        if on_session is not None:
-            on_session(res)
         res.duration_s = time.monotonic() - start
         return res
     except Exception:  # noqa: BLE001 - one broken episode must not take a whole run down
@@ -103,20 +106,6 @@ def run_episode(task: Task, config: Config, *, keep_dir: Path | None = None, lab
     finally:
         if ws is not None:
             ws.cleanup()
-
-
-def _count_calls(res: EpisodeResult, session_path: Path) -> None:
-    import json
-
-    with open(session_path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                break
-            if rec.get("type") == "tools" and rec.get("calls"):
-                res.tool_calls += len(rec["calls"])
-                res.turns_with_calls += 1
 
 
 def _safe(name: str) -> str:

@@ -107,13 +107,7 @@ def load_tasks(path: str | Path) -> list[Task]:
         raise TaskError(f"{path}: no such task file (built-in suites: {', '.join(SUITES)})")
     names = {f.name for f in fields(Task)}
     tasks, seen = [], set()
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            raw = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise TaskError(f"{path}:{n}: not JSON: {e}") from None
+    for n, raw in read_jsonl(path):
         unknown = set(raw) - names
         if unknown:
             raise TaskError(f"{path}:{n}: unknown fields {sorted(unknown)}")
@@ -144,6 +138,22 @@ def load_tasks(path: str | Path) -> list[Task]:
     if not tasks:
         raise TaskError(f"{path}: no tasks")
     return tasks
+
+
+def read_jsonl(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, object) of every non-empty line; a line that is not a JSON object is a TaskError."""
+    rows = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise TaskError(f"{path}:{n}: not JSON: {e}") from None
+        if not isinstance(row, dict):
+            raise TaskError(f"{path}:{n}: a JSON object was expected")
+        rows.append((n, row))
+    return rows
 
 
 def write_tasks(tasks: list[Task], path: str | Path) -> Path:

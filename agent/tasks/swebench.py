@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agent.tasks.spec import Task, TaskError, write_tasks
+from agent.tasks.spec import Task, TaskError, read_jsonl, write_tasks
 
 FAMILY = "swe"
 REQUIRED = ("instance_id", "repo", "base_commit", "problem_statement", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS")
@@ -48,18 +48,7 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
         if not all(isinstance(r, dict) for r in rows):
             raise TaskError(f"{path}: a JSON array of objects was expected")
         return rows
-    rows = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise TaskError(f"{path}:{n}: not JSON: {e}") from None
-        if not isinstance(row, dict):
-            raise TaskError(f"{path}:{n}: a JSON object was expected")
-        rows.append(row)
-    return rows
+    return [row for _, row in read_jsonl(path)]
 
 
 def parse_test_ids(value: Any, field_name: str) -> list[str]:

@@ -92,11 +92,6 @@ def run_verify(command: str, cwd: Path, timeout_s: float, extra_env: dict[str, s
     return proc.returncode == 0, out[-2000:]
 
 
-def verify(task: Task, root: Path, answer: str = "") -> tuple[bool, str]:
-    """Verify a workspace created by Workspace.create (kept for callers holding only the root)."""
-    return Workspace(root, task).verify(answer)
-
-
 def _git(cwd: Path, *args: str) -> None:
     p = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
     if p.returncode != 0:

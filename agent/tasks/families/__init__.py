@@ -16,6 +16,7 @@ verification), `expert_plan` the turns of a correct solution.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 from dataclasses import dataclass, field
@@ -126,7 +127,10 @@ def _test_cmd(module: str) -> str:
 # -- families ------------------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=256)
 def build(family: str, seed: int, size: str) -> Generated:
+    """The generated task (cached: an episode asks for it to write the files, the hidden files and,
+    with the expert, the plan; callers must not modify what it returns)."""
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r} (known: {', '.join(FAMILIES)})")
     if size not in SIZES:
