@@ -125,6 +125,20 @@ def load_config(cwd: Path, flags: dict[str, Any] | None = None, env: dict[str, s
     return Config(**merged)
 
 
+def endpoint_source(cwd: Path, flags: dict[str, Any] | None = None, env: dict[str, str] | None = None) -> str | None:
+    """Where base_url is set (a flag, the environment or a config file), or None: then composer-agent
+    serves its small built-in model instead of assuming a server on the default address."""
+    env = os.environ if env is None else env
+    if (flags or {}).get("base_url"):
+        return "--base-url"
+    if env.get(ENV["base_url"]):
+        return ENV["base_url"]
+    for path in (cwd / ".composer" / "config.toml", user_config_dir() / "config.toml"):
+        if "base_url" in _read_toml(path):
+            return str(path)
+    return None
+
+
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text()

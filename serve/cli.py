@@ -1,6 +1,8 @@
 """`composer-serve`: an OpenAI-compatible server for a Hugging Face checkpoint. Flags live here only.
 
-    composer-serve --model PATH [--engine hf|vllm] [--port 8000] ...
+    composer-serve [--model PATH] [--engine hf|vllm] [--port 8000] ...
+
+Without --model it serves the small built-in model that ships in the package (serve/builtin/composer-tiny).
 
 Binds to loopback unless --host says otherwise. Prints one line when ready:
 `composer-serve: serving NAME at http://HOST:PORT/v1 (...)`.
@@ -9,14 +11,20 @@ Binds to loopback unless --host says otherwise. Prints one line when ready:
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import sys
 from pathlib import Path
 
+BUILTIN_NAME = "composer-tiny"
+# COMPOSER_BUILTIN_MODEL overrides the folder (tests, packagers); composer-agent reads the same variable.
+BUILTIN_DIR = Path(__file__).parent / "builtin" / BUILTIN_NAME
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="composer-serve", description="OpenAI-compatible server for MoE checkpoints.")
-    p.add_argument("--model", required=True, help="checkpoint folder (Hugging Face layout)")
+    p.add_argument("--model", help="checkpoint folder (Hugging Face layout; default: the small built-in model, "
+                   f"{BUILTIN_NAME})")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=8000, help="port (0 picks a free one)")
     p.add_argument("--engine", choices=["native", "hf", "vllm"], default="native",
@@ -63,6 +71,13 @@ def _main(argv: list[str] | None = None) -> int:
         parser.error("--max-body-mb must be positive")
     if args.metrics_need_key and not args.api_key:
         parser.error("--metrics-need-key needs --api-key")
+    if args.model is None:
+        args.model = os.environ.get("COMPOSER_BUILTIN_MODEL") or str(BUILTIN_DIR)
+        args.served_model_name = args.served_model_name or BUILTIN_NAME
+        if not (Path(args.model) / "config.json").is_file():
+            print(f"composer-serve: error: the built-in model is not installed at {args.model}; "
+                  "give --model PATH", file=sys.stderr)
+            return 2
     model_dir = Path(args.model)
     if not (model_dir / "config.json").is_file():
         print(f"composer-serve: error: {args.model} is not a checkpoint folder (no config.json)", file=sys.stderr)
@@ -76,6 +91,8 @@ def _main(argv: list[str] | None = None) -> int:
         print(f"composer-serve: error: cannot bind {args.host}:{args.port}: {e.strerror}", file=sys.stderr)
         return 2
     port = sock.getsockname()[1]
+    if os.environ.get("COMPOSER_SERVE_STDIN_WATCHDOG"):
+        _exit_when_stdin_closes()
 
     import uvicorn
 
@@ -114,6 +131,23 @@ def _main(argv: list[str] | None = None) -> int:
 
             stop(child)
     return 0
+
+
+def _exit_when_stdin_closes() -> None:
+    """composer-agent's child: stdin is a pipe only the parent holds open, so end-of-file means the
+    parent is gone (killed, crashed); shut down as on SIGTERM (where PR_SET_PDEATHSIG is unavailable)."""
+    import signal
+    import threading
+
+    def watch() -> None:
+        try:
+            while sys.stdin.buffer.read(4096):
+                pass
+        except (OSError, ValueError):
+            pass
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="stdin-watchdog", daemon=True).start()
 
 
 def _local_engine(args, model_dir: Path):
