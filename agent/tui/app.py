@@ -29,6 +29,7 @@ from agent.commands import Outcome, help_text
 from agent.protocol import Event
 from agent.render import Status
 from agent.tui.approval import ApprovalBar
+from agent.tui.cards import ToolCard
 from agent.tui.feed import Feed
 from agent.tui.panels import StatusBar, TodoPanel
 from agent.tui.prompt import CompletionMenu, PromptArea
@@ -48,7 +49,9 @@ class PendingApproval:
     tool: str
     args: dict[str, Any]
     done: threading.Event = field(default_factory=threading.Event)
-    decision: Decision = field(default_factory=lambda: Decision("no", "The interface closed before an answer."))
+    decision: Decision = field(
+        default_factory=lambda: Decision("no", "The interface closed before an answer.")
+    )
 
 
 class ComposerApp(App[int]):
@@ -62,8 +65,15 @@ class ComposerApp(App[int]):
         Binding("ctrl+t", "toggle_todos", show=False),
     ]
 
-    def __init__(self, connect: Connect, *, root: Path, approval: str, clock: Callable[[], float] = time.monotonic,
-                 animate: bool = True):
+    def __init__(
+        self,
+        connect: Connect,
+        *,
+        root: Path,
+        approval: str,
+        clock: Callable[[], float] = time.monotonic,
+        animate: bool = True,
+    ):
         super().__init__()
         self.connect_fn, self.root, self.clock, self.animate = connect, root, clock, animate
         self.status = Status(approval=approval)
@@ -157,7 +167,9 @@ class ComposerApp(App[int]):
     def _connect_failed(self, error: str) -> None:
         self.connect_error = error
         self._waiting = None
-        self.transcript.notice(f"Cannot start the session: {error}\nSend a message to retry, or /exit.", "error")
+        self.transcript.notice(
+            f"Cannot start the session: {error}\nSend a message to retry, or /exit.", "error"
+        )
         self.status.model = "not connected"
         self.show_status()
 
@@ -225,8 +237,11 @@ class ComposerApp(App[int]):
     def _command(self, line: str) -> None:
         name = line.split()[0]
         if self.controller is None:
-            out = {"/exit": Outcome("Bye.", exit=True), "/quit": Outcome("Bye.", exit=True),
-                   "/help": Outcome(help_text())}.get(name, Outcome("Not connected to a model server yet.", error=True))
+            out = {
+                "/exit": Outcome("Bye.", exit=True),
+                "/quit": Outcome("Bye.", exit=True),
+                "/help": Outcome(help_text()),
+            }.get(name, Outcome("Not connected to a model server yet.", error=True))
             self.call_later(self._outcome, out)
             return
         controller = self.controller
@@ -312,12 +327,27 @@ class ComposerApp(App[int]):
 
     # -- actions ----------------------------------------------------------------------------------
 
-    def on_key(self, event: events.Key) -> None:
-        # Typing while a card has the focus (after a click) goes to the input box, as users expect.
-        if event.is_printable and event.character and self.pending is None and self.focused is not self.prompt:
-            event.stop()
-            self.prompt.focus()
-            self.prompt.insert(event.character)
+    async def on_event(self, event: events.Event) -> None:
+        # Typing or pasting while a card or the transcript has the focus (after Tab or a click) goes to
+        # the input box. The focus moves here, before the key is dispatched: moved from a handler (and
+        # Widget.focus() is deferred besides), the keys already queued behind it (a paste, a fast
+        # typist's Enter) would still go to the card, which took that Enter as "expand".
+        if not event.is_forwarded and self._belongs_to_prompt(event):
+            self.screen.set_focus(self.prompt)
+        await super().on_event(event)
+
+    def _belongs_to_prompt(self, event: events.Event) -> bool:
+        typed = isinstance(event, events.Key) and event.is_printable and bool(event.character)
+        if (
+            not (typed or isinstance(event, events.Paste))
+            or self.pending is not None
+            or not self.screen_stack
+        ):
+            return False
+        focused = self.focused
+        if focused is self.prompt:
+            return False
+        return not (isinstance(focused, ToolCard) and isinstance(event, events.Key) and event.key == "space")
 
     def action_interrupt(self) -> None:
         if self.pending is not None:

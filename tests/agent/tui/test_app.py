@@ -10,6 +10,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from textual import events
 
 from agent import history
 from agent.scripted import ScriptedServer
@@ -37,9 +38,13 @@ def body_text(card) -> str:
 
 def test_a_task_streams_markdown_and_parallel_cards_run_side_by_side(repo):
     script = [
-        {"content": "Checking **three** things at once.\n",
-         "tool_calls": [{"name": "shell", "arguments": {"command": f"sleep 0.8; echo out{i}"}} for i in range(3)]
-         + [{"name": "grep", "arguments": {"pattern": "return", "output_mode": "content"}}]},
+        {
+            "content": "Checking **three** things at once.\n",
+            "tool_calls": [
+                {"name": "shell", "arguments": {"command": f"sleep 0.8; echo out{i}"}} for i in range(3)
+            ]
+            + [{"name": "grep", "arguments": {"pattern": "return", "output_mode": "content"}}],
+        },
         {"content": "All good:\n\n- `out0`, `out1`, `out2`\n"},
     ]
 
@@ -53,8 +58,13 @@ def test_a_task_streams_markdown_and_parallel_cards_run_side_by_side(repo):
                 await until(pilot, lambda: card_states(app).count("running") >= 3, "three running cards")
                 await until(pilot, lambda: not app.busy and "All good" in screen_text(app), "the answer")
                 assert card_states(app) == ["ok"] * 4
-                await shows(pilot, "Checking three things at once.", "• out0, out1, out2",
-                            "✓ shell  sleep 0.8; echo out0  exit 0", "✓ grep  'return'  1 matching line in 1 file")
+                await shows(
+                    pilot,
+                    "Checking three things at once.",
+                    "• out0, out1, out2",
+                    "✓ shell  sleep 0.8; echo out0  exit 0",
+                    "✓ grep  'return'  1 matching line in 1 file",
+                )
                 cards = list(app.transcript.cards.values())
                 assert all(not c.expanded for c in cards)  # collapsed to one line when done
                 cards[1].focus()
@@ -75,7 +85,11 @@ def test_ask_mode_approves_once_denies_with_a_reason_and_always(repo):
     script = [
         {"tool_calls": [{"name": "shell", "arguments": {"command": "echo yes > approved.txt"}}]},
         {"tool_calls": [{"name": "shell", "arguments": {"command": "echo no > denied.txt"}}]},
-        {"tool_calls": [{"name": "shell", "arguments": {"command": f"touch always{i}.txt"}} for i in range(2)]},
+        {
+            "tool_calls": [
+                {"name": "shell", "arguments": {"command": f"touch always{i}.txt"}} for i in range(2)
+            ]
+        },
         {"content": "Finished."},
     ]
 
@@ -92,10 +106,14 @@ def test_ask_mode_approves_once_denies_with_a_reason_and_always(repo):
                 await pilot.press("y")
                 await until(pilot, lambda: (repo / "approved.txt").exists(), "the approved command to run")
 
-                await until(pilot, lambda: app.pending and "denied" in app.pending.args["command"], "question 2")
+                await until(
+                    pilot, lambda: app.pending and "denied" in app.pending.args["command"], "question 2"
+                )
                 await pilot.press("n")
                 await pilot.press(*"use python instead", "enter")
-                await until(pilot, lambda: app.pending and "always" in app.pending.args["command"], "question 3")
+                await until(
+                    pilot, lambda: app.pending and "always" in app.pending.args["command"], "question 3"
+                )
                 await pilot.press("a")  # the second call of the turn runs without asking again
                 await until(pilot, lambda: not app.busy and "Finished." in screen_text(app), "the end")
                 assert not (repo / "denied.txt").exists()
@@ -113,8 +131,18 @@ def test_ask_mode_approves_once_denies_with_a_reason_and_always(repo):
 
 def test_an_edit_shows_a_coloured_diff_and_undo_restores_the_file(repo):
     script = [
-        {"tool_calls": [{"name": "edit_file", "arguments": {"path": "calc.py", "old_string": "return a - b",
-                                                            "new_string": "return a + b"}}]},
+        {
+            "tool_calls": [
+                {
+                    "name": "edit_file",
+                    "arguments": {
+                        "path": "calc.py",
+                        "old_string": "return a - b",
+                        "new_string": "return a + b",
+                    },
+                }
+            ]
+        },
         {"content": "Fixed."},
     ]
 
@@ -132,7 +160,7 @@ def test_an_edit_shows_a_coloured_diff_and_undo_restores_the_file(repo):
                 rendered = card.query_one("#body").render()
                 lines = str(rendered).splitlines()
                 assert lines[:3] == ["--- a/calc.py", "+++ b/calc.py", "@@ -1,2 +1,2 @@"]
-                colour = {str(rendered)[s.start:s.end]: str(s.style) for s in rendered.spans}
+                colour = {str(rendered)[s.start : s.end]: str(s.style) for s in rendered.spans}
                 assert "red" in colour["-    return a - b"] and "green" in colour["+    return a + b"]
                 await shows(pilot, "-    return a - b")
 
@@ -160,7 +188,9 @@ def test_escape_interrupts_a_slow_stream_and_a_running_command(repo):
                 await send(pilot, "talk")
                 await until(pilot, lambda: "word5 " in screen_text(app), "the stream to start")
                 await pilot.press("escape")
-                await until(pilot, lambda: not app.busy and "Interrupted." in screen_text(app), "the interrupt")
+                await until(
+                    pilot, lambda: not app.busy and "Interrupted." in screen_text(app), "the interrupt"
+                )
                 assert "word399" not in screen_text(app)
 
                 await send(pilot, "run it")
@@ -173,8 +203,9 @@ def test_escape_interrupts_a_slow_stream_and_a_running_command(repo):
                 await send(pilot, "go on")  # the session is consistent: the next turn just works
                 await until(pilot, lambda: "Still here." in screen_text(app), "the next answer")
                 last = srv.chat_requests()[-1]["messages"]
-                assert [m["role"] for m in last[-4:]] == ["assistant", "tool", "assistant", "user"] or \
-                    last[-1] == {"role": "user", "content": "go on"}
+                assert [m["role"] for m in last[-4:]] == ["assistant", "tool", "assistant", "user"] or last[
+                    -1
+                ] == {"role": "user", "content": "go on"}
 
     asyncio.run(body())
 
@@ -183,10 +214,20 @@ def test_history_completion_multiline_and_todos(repo):
     history.append(history.history_path(repo), "an older task")
     history.append(history.history_path(repo), "the last task\nwith two lines")
     script = [
-        {"tool_calls": [{"name": "todo_write", "arguments": {"todos": [
-            {"content": "read calc.py", "status": "completed"},
-            {"content": "fix add", "status": "in_progress"},
-            {"content": "run tests", "status": "pending"}]}}]},
+        {
+            "tool_calls": [
+                {
+                    "name": "todo_write",
+                    "arguments": {
+                        "todos": [
+                            {"content": "read calc.py", "status": "completed"},
+                            {"content": "fix add", "status": "in_progress"},
+                            {"content": "run tests", "status": "pending"},
+                        ]
+                    },
+                }
+            ]
+        },
         {"content": "Planned."},
     ]
 
@@ -248,7 +289,9 @@ def test_clear_starts_over_and_resume_shows_the_saved_conversation(repo):
                 await until(pilot, lambda: "Fresh start." in screen_text(app), "the new session's answer")
             app = make_app(repo, srv.base_url, resume=first)
             async with app.run_test(size=SIZE) as pilot:
-                await until(pilot, lambda: f"Resumed session {first}" in screen_text(app), "the resumed session")
+                await until(
+                    pilot, lambda: f"Resumed session {first}" in screen_text(app), "the resumed session"
+                )
                 screen = await shows(pilot, "what is the answer?", "The answer is 42.")
                 assert "hello again" not in screen
 
@@ -292,8 +335,12 @@ def test_an_unreachable_server_is_reported_and_the_app_stays_usable(tmp_path):
 
 def test_a_message_sent_during_a_turn_is_queued_then_sent(repo):
     slow = " ".join(f"word{i}" for i in range(150))
-    script = [{"content": slow, "delay_s": 0.02}, {"content": "Got both."},
-              {"content": " ".join(f"more{i}" for i in range(300)), "delay_s": 0.02}, {"content": "unused"}]
+    script = [
+        {"content": slow, "delay_s": 0.02},
+        {"content": "Got both."},
+        {"content": " ".join(f"more{i}" for i in range(300)), "delay_s": 0.02},
+        {"content": "unused"},
+    ]
 
     async def body():
         with ScriptedServer(script) as srv:
@@ -305,7 +352,9 @@ def test_a_message_sent_during_a_turn_is_queued_then_sent(repo):
                 await send(pilot, "and also this")
                 await shows(pilot, "Queued")
                 assert len(srv.chat_requests()) == 1  # not sent yet: the turn is still running
-                await until(pilot, lambda: "Got both." in screen_text(app), "the queued message's answer", timeout=15)
+                await until(
+                    pilot, lambda: "Got both." in screen_text(app), "the queued message's answer", timeout=15
+                )
                 assert srv.chat_requests()[1]["messages"][-1] == {"role": "user", "content": "and also this"}
 
                 # Esc ends the turn and puts what was queued back in the input box, unsent.
@@ -317,5 +366,46 @@ def test_a_message_sent_during_a_turn_is_queued_then_sent(repo):
                 await until(pilot, lambda: not app.busy, "the interrupt")
                 assert app.prompt.text == "never sent"
                 assert len(srv.chat_requests()) == 3
+
+    asyncio.run(body())
+
+
+def test_typing_on_a_focused_card_goes_to_the_prompt_and_enter_sends(repo):
+    """Tab + Enter expands a card; what is typed next, Enter included, belongs to the input box.
+
+    The keys are posted as the terminal driver posts them, all at once (a fast typist, a paste, or
+    tmux send-keys): a focus moved only after the first key left the rest, Enter too, on the card."""
+    script = [{"tool_calls": [{"name": "shell", "arguments": {"command": "echo hi"}}]}, {"content": "Done."}]
+
+    async def body():
+        with ScriptedServer(script) as srv:
+            app = make_app(repo, srv.base_url)
+            async with app.run_test(size=SIZE) as pilot:
+                await connected(pilot)
+                await send(pilot, "go")
+                await until(pilot, lambda: not app.busy and "Done." in screen_text(app), "the answer")
+                card = next(iter(app.transcript.cards.values()))
+                for _ in range(3):
+                    if app.focused is card:
+                        break
+                    await pilot.press("tab")
+                assert app.focused is card
+                await pilot.press("enter")
+                assert card.expanded
+                for key in "/help":
+                    app.post_message(events.Key(key, key))
+                app.post_message(events.Key("enter", "\r"))
+                await until(
+                    pilot, lambda: "Commands:" in screen_text(app), "/help sent by one Enter", timeout=5
+                )
+                assert app.prompt.text == "" and app.focused is app.prompt
+                assert card.expanded  # the Enter was not taken by the card
+
+                card.focus()
+                await pilot.press("space")  # keys a card uses still work on it
+                assert not card.expanded
+                await pilot.press(*"/undo", "enter")  # typed at human speed
+                await shows(pilot, "The last turn changed no files.", timeout=5)
+                assert app.prompt.text == ""
 
     asyncio.run(body())
