@@ -1,0 +1,93 @@
+"""A small real MCP server for tests/agent/test_mcp.py, built with the official SDK.
+
+    python tests/agent/mcp_server.py stdio        # speaks MCP on stdin/stdout
+    python tests/agent/mcp_server.py http         # streamable HTTP on a free loopback port, printed first
+
+Its tools cover what the client must handle: a read-only tool, a tool that writes a file (so a test
+can see whether it really ran), a tool that fails, structured output, an image, a slow tool and a
+name outside the OpenAI function-name charset.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import socket
+import sys
+import time
+
+from mcp.server.mcpserver import Image, MCPServer
+from mcp.types import ToolAnnotations
+
+READ_ONLY = ToolAnnotations(readOnlyHint=True)
+PNG_1PX = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAQAAAC1HAwCAAAAC0lEQVR42mNkYAAAAAYAAjCB0C8AAAAASUVORK5CYII="
+)
+
+server = MCPServer("fixture")
+
+
+@server.tool(annotations=READ_ONLY)
+def lookup(key: str) -> str:
+    """Look up a value: "answer", the server's "pid" or "cwd", or "env:NAME" for an environment variable."""
+    if key.startswith("env:"):
+        return os.environ.get(key[4:], "(unset)")
+    table = {"answer": "forty-two", "pid": str(os.getpid()), "cwd": os.getcwd()}
+    return table.get(key, f"no value for {key}")
+
+
+@server.tool()
+def append_note(path: str, text: str) -> str:
+    """Append a line of text to a file (a tool with a side effect)."""
+    with open(path, "a") as f:
+        f.write(text + "\n")
+    return f"appended {len(text)} characters to {path}"
+
+
+@server.tool(annotations=READ_ONLY)
+def explode(reason: str) -> str:
+    """Always fails with the given reason."""
+    raise ValueError(f"exploded: {reason}")
+
+
+@server.tool(annotations=READ_ONLY)
+def stats(numbers: list[float]) -> dict[str, float]:
+    """Count, sum and mean of some numbers (structured output)."""
+    return {"count": len(numbers), "sum": sum(numbers), "mean": sum(numbers) / max(len(numbers), 1)}
+
+
+@server.tool(annotations=READ_ONLY)
+def picture() -> Image:
+    """A one-pixel PNG."""
+    return Image(data=PNG_1PX, format="png")
+
+
+@server.tool(annotations=READ_ONLY)
+def nap(seconds: float) -> str:
+    """Sleep, then answer."""
+    time.sleep(seconds)
+    return f"slept {seconds}"
+
+
+@server.tool(name="odd.name with spaces", annotations=READ_ONLY)
+def odd() -> str:
+    """A tool whose name is outside the OpenAI function-name charset."""
+    return "odd ok"
+
+
+def serve_http() -> None:
+    import anyio
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    print(sock.getsockname()[1], flush=True)  # the test reads the port from the first line
+    config = uvicorn.Config(server.streamable_http_app(), log_level="warning")
+    anyio.run(uvicorn.Server(config).serve, [sock])
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["http"]:
+        serve_http()
+    else:
+        server.run("stdio")
