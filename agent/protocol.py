@@ -158,10 +158,20 @@ class Finished(Event):
     error: str | None = None
 
 
+@dataclass
+class Notice(Event):
+    """Something the user should see that is not part of the conversation, e.g. an MCP server that did
+    not start. level: info | warning | error."""
+
+    type: ClassVar[str] = "notice"
+    level: str
+    text: str
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.type: cls
     for cls in (SessionStarted, TurnStarted, TextDelta, ReasoningDelta, AssistantMessage, ToolCallStarted,
-                ToolCallFinished, UsageReport, Retrying, Summarized, Finished)
+                ToolCallFinished, UsageReport, Retrying, Summarized, Finished, Notice)
 }
 
 
