@@ -21,7 +21,7 @@ from typing import TextIO
 from agent.approval import Approvals
 from agent.client import ModelError
 from agent.config import Config
-from agent.protocol import Event, Finished, Retrying, Summarized, ToolCallFinished, ToolCallStarted
+from agent.protocol import Event, Finished, Notice, Retrying, Summarized, ToolCallFinished, ToolCallStarted
 from agent.runtime import build
 from agent.session import SessionNotFound
 
@@ -56,6 +56,8 @@ class Progress:
             line = f"… retrying in {event.delay_s:.1f} s ({event.reason})"
         elif isinstance(event, Summarized):
             line = f"… context summarised ({event.tokens_before} → {event.tokens_after} tokens)"
+        elif isinstance(event, Notice):
+            line = f"{event.level}: {event.text}"
         if line:
             with self.lock:
                 print(line, file=self.err, flush=True)

@@ -17,6 +17,7 @@ from typing import Any
 from agent.protocol import (
     Event,
     Finished,
+    Notice,
     Retrying,
     SessionStarted,
     Summarized,
@@ -215,6 +216,8 @@ STOPPED = {"max_turns": "the turn limit", "max_time": "the time limit", "max_tok
 def run_notice(event: Event) -> tuple[str, str] | None:
     """(kind, text) of what to say about a retry, a summary or the end of a run; None: say nothing.
     kind: info | warning | error."""
+    if isinstance(event, Notice):
+        return event.level, event.text
     if isinstance(event, Retrying):
         return "info", f"Retrying in {event.delay_s:.1f}s ({event.reason})."
     if isinstance(event, Summarized):

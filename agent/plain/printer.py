@@ -17,6 +17,7 @@ from agent.protocol import (
     AssistantMessage,
     Event,
     Finished,
+    Notice,
     ReasoningDelta,
     Retrying,
     SessionStarted,
@@ -122,7 +123,7 @@ class Printer:
             self.line(f"{self.paint(self.arrow, 'tool')} {self.paint(ev.name, 'bold')} {brief}")
         elif isinstance(ev, ToolCallFinished):
             self._finished_call(ev)
-        elif isinstance(ev, (Retrying, Summarized, Finished)):
+        elif isinstance(ev, (Retrying, Summarized, Finished, Notice)):
             self._run_notice(ev)
         elif isinstance(ev, SessionStarted) and ev.resumed:
             self.line(f"Resumed session {ev.session_id}.", "dim")
