@@ -3,7 +3,8 @@
 Strongest first: command-line flags, environment (`COMPOSER_BASE_URL`, `COMPOSER_MODEL`,
 `COMPOSER_API_KEY`, `COMPOSER_CONTEXT_WINDOW`), the repository's `.composer/config.toml`, the user's
 `~/.config/composer/config.toml` (or `$XDG_CONFIG_HOME/composer/config.toml`). Config files use the
-field names below as top-level keys, plus an optional `[lint]` table mapping globs to commands.
+field names below as top-level keys, plus an optional `[lint]` table mapping globs to commands and
+`[mcp_servers.NAME]` tables (agent/mcp_client.py); a repository's server replaces the user's of the same name.
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ class Config:
     """Extra linters for the lint tool: glob -> command (`{paths}` is replaced by the files)."""
     add_dirs: list[str] = field(default_factory=list)
     """Folders outside the workspace that tools may also read and write (relative to the workspace)."""
+    mcp_servers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """MCP servers whose tools are added to ours: name -> table (see agent/mcp_client.ServerConfig)."""
 
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
@@ -78,6 +81,10 @@ class Config:
             raise ConfigError(f"record_tokens must be true or false, got {self.record_tokens!r}")
         if not isinstance(self.add_dirs, list) or not all(isinstance(d, str) for d in self.add_dirs):
             raise ConfigError(f"add_dirs must be a list of folder paths, got {self.add_dirs!r}")
+        if self.mcp_servers:
+            from agent.mcp_client import parse_servers  # light: the SDK itself loads only to connect
+
+            parse_servers(self.mcp_servers)
 
     def extra_roots(self, root: Path) -> tuple[Path, ...]:
         """`add_dirs` resolved against the workspace root; each must be an existing folder."""
@@ -104,7 +111,11 @@ def load_config(cwd: Path, flags: dict[str, Any] | None = None, env: dict[str, s
     env = os.environ if env is None else env
     merged: dict[str, Any] = dict(defaults or {})
     for path in (user_config_dir() / "config.toml", cwd / ".composer" / "config.toml"):
-        merged.update(_read_toml(path))
+        data = _read_toml(path)
+        servers = data.pop("mcp_servers", None)
+        merged.update(data)
+        if servers is not None:  # merged per server, not replaced as a whole
+            merged["mcp_servers"] = {**merged.get("mcp_servers", {}), **servers}
     for key, var in ENV.items():
         if env.get(var):
             merged[key] = env[var]
@@ -153,4 +164,7 @@ def _read_toml(path: Path) -> dict[str, Any]:
         if not isinstance(lint, dict) or not all(isinstance(v, str) for v in lint.values()):
             raise ConfigError(f"{path}: [lint] must map globs to command strings")
         data["linters"] = lint
+    servers = data.get("mcp_servers")
+    if servers is not None and not isinstance(servers, dict):
+        raise ConfigError(f"{path}: mcp_servers must be a table of servers ([mcp_servers.NAME])")
     return data
