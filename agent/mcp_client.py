@@ -83,13 +83,15 @@ def parse_servers(raw: Any) -> list[ServerConfig]:
     """Validate the `mcp_servers` table; raise ConfigError naming the server and key at fault."""
     if not isinstance(raw, dict):
         raise ConfigError("mcp_servers must be a table of servers ([mcp_servers.NAME])")
-    out = []
+    out: list[ServerConfig] = []
     for name, spec in raw.items():
         where = f"mcp_servers.{name}"
         if not NAME_OK.match(name):
             raise ConfigError(f"{where}: server names may use only letters, digits, '_' and '-'")
         if not isinstance(spec, dict):
             raise ConfigError(f"{where} must be a table with `command` (stdio) or `url` (streamable HTTP)")
+        if spec == {"enabled": False}:  # how a repository turns off a server of the user's config
+            continue
         if ("command" in spec) == ("url" in spec):
             raise ConfigError(
                 f"{where} needs exactly one of `command` (a stdio server) or `url` (streamable HTTP)"

@@ -10,9 +10,9 @@ from agent.client import Model, OpenAIClient
 from agent.config import DEFAULT_CONTEXT_WINDOW, Config
 from agent.context import system_prompt
 from agent.loop import Agent
-from agent.protocol import Event, Message, SessionStarted
+from agent.protocol import Event, Message, Notice, SessionStarted
 from agent.session import SESSIONS_DIR, Session
-from agent.tools import ToolContext, Workspace, default_registry
+from agent.tools import Registry, ToolContext, Workspace, default_registry
 from agent.tools.context import STATE_DIR
 from agent.tools.executor import Approver
 
@@ -44,6 +44,12 @@ def build(config: Config, root: Path, *, emit: Callable[[Event], None], approve:
     workspace.temp_dir()  # creates .composer/ with its .gitignore; clears temp files of killed writes
     ctx = ToolContext(workspace=workspace, sandbox=config.sandbox, linters=dict(config.linters))
     registry = default_registry()
+    mcp_warnings: list[str] = []
+    if config.mcp_servers:  # the MCP SDK loads only when servers are configured
+        from agent.mcp_client import connect
+
+        mcp_tools, mcp_warnings = connect(config.mcp_servers, workspace.root, workspace.state_dir("mcp"))
+        registry = Registry([*registry, *mcp_tools])
     messages: list[Message] = []
     if resume:
         session, data = Session.resume(sessions_dir(root), resume)
@@ -58,6 +64,8 @@ def build(config: Config, root: Path, *, emit: Callable[[Event], None], approve:
     system = messages[0]["content"] if messages else system_prompt(root, workspace.extra_roots)
     emit(SessionStarted(session.id, str(root), model.name, config.base_url, registry.spec_hash(), window,
                         resumed=bool(resume)))
+    for warning in mcp_warnings:
+        emit(Notice("warning", warning))
     return Runtime(agent, session, model, system, bool(resume))
 
 
