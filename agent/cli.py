@@ -3,6 +3,7 @@
     composer-agent [options]                 interactive (full-screen), in the current repository
     composer-agent --plain [options]         interactive, line by line
     composer-agent --task "TEXT" [--json]    headless
+    composer-agent demo                      a small failing repository fixed by the built-in model
     composer-agent index [--rebuild]         build or refresh the semantic search index
     composer-agent search "QUERY" [-k N] [--json]
 
@@ -27,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="composer-agent",
         description="Composer: a fast, local-first coding agent. Without --task it opens the interactive "
                     "interface in the current repository.",
-        epilog="Subcommands: `composer-agent eval SUITE`, `composer-agent index [--rebuild]`, `composer-agent search QUERY [-k N] [--json]`.",
+        epilog="Subcommands: `composer-agent demo`, `composer-agent eval SUITE`, `composer-agent index [--rebuild]`, `composer-agent search QUERY [-k N] [--json]`.",
     )
     p.add_argument("--version", action="version", version=f"composer-agent {__version__}")
     p.add_argument("--task", metavar="TEXT", help="run this task headless and print the final answer")
@@ -68,10 +69,14 @@ def main(argv: list[str] | None = None) -> int:
         from agent.tasks.cli import main as eval_main
 
         return eval_main(argv[1:])
+    if argv and argv[0] == "demo":
+        from agent.demo import main as demo_main
+
+        return demo_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
 
-    from agent.config import ConfigError, load_config
+    from agent.config import ConfigError, endpoint_source, load_config
 
     root = (args.cwd or Path.cwd()).resolve()
     if not root.is_dir():
@@ -90,9 +95,27 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"composer-agent: error: {e}", file=sys.stderr)
         return 2
+    if headless and args.task is not None and not args.task.strip():
+        parser.error("--task is empty")
+    server = None
+    if endpoint_source(root, flags) is None:  # nothing configured: serve the built-in model ourselves
+        from agent.builtin_model import BuiltinModelError, start_builtin
+
+        try:
+            server = start_builtin()
+        except BuiltinModelError as e:
+            print(f"composer-agent: error: {e}", file=sys.stderr)
+            return 2
+        config.base_url = server.base_url
+    try:
+        return _run(args, config, root, headless)
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def _run(args: argparse.Namespace, config, root: Path, headless: bool) -> int:
     if headless:
-        if args.task is not None and not args.task.strip():
-            parser.error("--task is empty")
         from agent import headless as headless_mode
 
         return headless_mode.run(config, root, args.task, as_json=args.json, resume=args.resume)
