@@ -106,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
         except BuiltinModelError as e:
             print(f"composer-agent: error: {e}", file=sys.stderr)
             return 2
+        except KeyboardInterrupt:  # Ctrl-C while it loads: start_builtin has stopped the child
+            print("\ncomposer-agent: interrupted", file=sys.stderr)
+            return 130
         config.base_url = server.base_url
     try:
         return _run(args, config, root, headless)

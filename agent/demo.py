@@ -22,11 +22,10 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import TextIO
 
-from agent.protocol import Event, Finished, ToolCallFinished, ToolCallStarted
+from agent.protocol import AssistantMessage, Event, Finished, ToolCallFinished, ToolCallStarted
 
 # The fixed demo task: a family, size and seed the built-in model solves greedily (see BENCHMARKS.md).
 FAMILY, SIZE, SEED = "bugfix", "small", 0
@@ -34,14 +33,15 @@ TESTS = "python -m pytest -q -p no:cacheprovider tests"
 
 
 class DemoPrinter:
-    """Tool calls as they start and end; a turn's calls started together are marked as parallel."""
+    """Tool calls as they start and end. The loop starts each call as soon as the model has written
+    it, so calls of one turn run while the model still writes the next; overlapping ones are marked."""
 
     def __init__(self, out: TextIO):
         self.out = out
         self.lock = threading.Lock()
-        self.running: dict[str, float] = {}
+        self.running: dict[str, str] = {}
         self.calls = 0
-        self.parallel_turns: set[int] = set()
+        self.multi_call_turns: set[int] = set()
 
     def __call__(self, event: Event) -> None:
         from agent.headless import _brief
@@ -49,26 +49,25 @@ class DemoPrinter:
         with self.lock:
             if isinstance(event, ToolCallStarted):
                 self.calls += 1
-                together = len(self.running) > 0
-                if together:
-                    self.parallel_turns.add(event.turn)
-                self.running[event.call_id] = time.monotonic()
-                mark = "⇉" if together else "→"
-                self._print(
-                    f"  turn {event.turn} {mark} {event.name} {_brief(event.arguments)}"
-                    + ("   (in parallel with the call above)" if together else "")
-                )
+                overlap = f"   (runs alongside {', '.join(self.running.values())})" if self.running else ""
+                self.running[event.call_id] = event.name
+                self._print(f"  turn {event.turn} → {event.name} {_brief(event.arguments)}{overlap}")
             elif isinstance(event, ToolCallFinished):
                 self.running.pop(event.call_id, None)
-                first = event.content.strip().splitlines()[-1:] or [""]
+                last = event.content.strip().splitlines()[-1:] or [""]
                 sign = "✓" if event.ok else "✗"
                 self._print(
-                    f"  turn {event.turn} {sign} {event.name} ({event.duration_s:.1f} s): {first[0][:100]}"
+                    f"  turn {event.turn} {sign} {event.name} ({event.duration_s:.1f} s): {last[0][:100]}"
+                )
+            elif isinstance(event, AssistantMessage) and len(event.tool_calls) > 1:
+                self.multi_call_turns.add(event.turn)
+                self._print(
+                    f"  turn {event.turn}: {len(event.tool_calls)} tool calls in one turn, run in parallel"
                 )
             elif isinstance(event, Finished):
                 self._print(
                     f"  finished: {event.status} after {event.turns} turns, {self.calls} tool calls "
-                    f"({len(self.parallel_turns)} turn(s) with calls in parallel), {event.duration_s:.1f} s"
+                    f"({len(self.multi_call_turns)} turn(s) with parallel calls), {event.duration_s:.1f} s"
                 )
 
     def _print(self, line: str) -> None:
