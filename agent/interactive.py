@@ -27,8 +27,16 @@ from agent.session import SessionNotFound, load
 
 
 class Interactive:
-    def __init__(self, config: Config, root: Path, *, emit: Callable[[Event], None], ask: Ask | None = None,
-                 model: Model | None = None, resume: str | None = None):
+    def __init__(
+        self,
+        config: Config,
+        root: Path,
+        *,
+        emit: Callable[[Event], None],
+        ask: Ask | None = None,
+        model: Model | None = None,
+        resume: str | None = None,
+    ):
         self.config, self.root, self.emit, self.ask = config, root, emit, ask
         self._given_model = model
         self.approvals = Approvals(config.approval, ask)
@@ -39,8 +47,16 @@ class Interactive:
         self.turn_started_at: float | None = None
 
     def _build(self, resume: str | None) -> Runtime:
-        return build(self.config, self.root, emit=self.emit, approve=self.approvals, resume=resume,
-                     model=self._given_model)
+        rt = build(
+            self.config,
+            self.root,
+            emit=self.emit,
+            approve=self.approvals,
+            resume=resume,
+            model=self._given_model,
+        )
+        self.approvals.ctx = rt.agent.ctx  # approval previews diff against the files the tools see
+        return rt
 
     # -- turns ----------------------------------------------------------------------------------------
 
@@ -81,10 +97,17 @@ class Interactive:
     def command(self, line: str) -> Outcome:
         name, _, arg = line.strip().partition(" ")
         arg = arg.strip()
-        handler = {"/help": lambda: Outcome(help_text()), "/exit": lambda: Outcome("Bye.", exit=True),
-                   "/quit": lambda: Outcome("Bye.", exit=True), "/clear": self._clear,
-                   "/model": lambda: self._model(arg), "/resume": lambda: self._resume(arg),
-                   "/index": lambda: self._index(arg), "/compact": self._compact, "/undo": self._undo}.get(name)
+        handler = {
+            "/help": lambda: Outcome(help_text()),
+            "/exit": lambda: Outcome("Bye.", exit=True),
+            "/quit": lambda: Outcome("Bye.", exit=True),
+            "/clear": self._clear,
+            "/model": lambda: self._model(arg),
+            "/resume": lambda: self._resume(arg),
+            "/index": lambda: self._index(arg),
+            "/compact": self._compact,
+            "/undo": self._undo,
+        }.get(name)
         if handler is None:
             return Outcome(f"Unknown command {name}. Type /help for the list.", error=True)
         try:
@@ -150,5 +173,7 @@ class Interactive:
         changed = self.checkpoints.undo()
         if not changed:
             return Outcome("The last turn changed no files.")
-        self._note = "(The user undid the file changes of the previous turn: " + ", ".join(changed[:20]) + ".)"
+        self._note = (
+            "(The user undid the file changes of the previous turn: " + ", ".join(changed[:20]) + ".)"
+        )
         return Outcome("Restored: " + ", ".join(changed))

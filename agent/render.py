@@ -2,17 +2,17 @@
 
 The TUI (agent/tui) and line mode (agent/plain) both describe a tool call with `call_brief` when it
 starts and `result_summary` when it ends, show details with `detail_lines`, classify diff lines with
-`diff_lines` (each front-end maps the kinds to its own colours), and keep the status bar's figures in a
+`diff_lines` (each front-end maps the kinds to its own colours; a diff is shown by `diff_detail`, in the
+card and in the approval question alike), and keep the status bar's figures in a
 `Status` fed with the same events. Keeping these here means the two views cannot drift apart, and the
 wording is tested without starting either.
 """
 
 from __future__ import annotations
 
-import difflib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from agent.protocol import (
     Event,
@@ -89,7 +89,9 @@ def result_summary(event: ToolCallFinished) -> str:
         return one_line(event.content.removeprefix("Error: "), 90)
     if name in ("edit_file", "write_file") and "diff" in d:
         added, removed = diff_stats(d["diff"])
-        return f"+{added} −{removed}" + (" (new file)" if d.get("created") or d.get("tier") == "create" else "")
+        return f"+{added} −{removed}" + (
+            " (new file)" if d.get("created") or d.get("tier") == "create" else ""
+        )
     if name == "shell":
         if d.get("timed_out"):
             return "timed out"
@@ -122,6 +124,7 @@ def result_summary(event: ToolCallFinished) -> str:
 
 # -- details -------------------------------------------------------------------------------------------
 
+
 def diff_stats(diff: str) -> tuple[int, int]:
     added = removed = 0
     for line in diff.splitlines():
@@ -148,6 +151,17 @@ def diff_lines(diff: str) -> list[tuple[str, str]]:
             kind = "context"
         out.append((kind, line))
     return out
+
+
+def diff_detail(diff: str, limit: int = MAX_DETAIL_LINES) -> list[tuple[str, str]]:
+    """A diff as the tool card and the approval question both show it."""
+    return _capped(diff_lines(diff), limit)
+
+
+def _capped(lines: list[tuple[str, str]], limit: int) -> list[tuple[str, str]]:
+    if len(lines) <= limit:
+        return lines
+    return lines[:limit] + [("context", f"… {len(lines) - limit} more lines")]
 
 
 def hit_lines(hits: list[dict[str, Any]], limit: int = MAX_HITS) -> list[str]:
@@ -178,15 +192,17 @@ def output_tail(content: str, n: int = TAIL_LINES) -> list[str]:
 
 def todo_lines(todos: list[dict[str, Any]]) -> list[tuple[str, str]]:
     """(status, "mark text") per todo item."""
-    return [(t.get("status", "pending"), f"{TODO_MARKS.get(t.get('status', ''), '○')} {t.get('content', '')}")
-            for t in todos]
+    return [
+        (t.get("status", "pending"), f"{TODO_MARKS.get(t.get('status', ''), '○')} {t.get('content', '')}")
+        for t in todos
+    ]
 
 
 def detail_lines(event: ToolCallFinished) -> list[tuple[str, str]]:
     """The expanded body of a finished call as (kind, line): diff kinds, or output | error | hit | todo."""
     d, name = event.data or {}, event.name
     if name in ("edit_file", "write_file") and d.get("diff"):
-        return diff_lines(d["diff"])[:MAX_DETAIL_LINES]
+        return diff_detail(d["diff"])
     if name == "shell" and "command" in d:
         lines = [("command", f"$ {d['command']}")]
         lines += [("output", ln) for ln in output_tail(event.content)]
@@ -234,29 +250,63 @@ def run_notice(event: Event) -> tuple[str, str] | None:
 
 # -- approvals -----------------------------------------------------------------------------------------
 
-def approval_preview(name: str, args: dict[str, Any]) -> tuple[str, list[tuple[str, str]]]:
-    """The question to ask before a mutating call, and what to show with it (kinds as in detail_lines)."""
+
+class Preview(NamedTuple):
+    """What an approval question shows: the question and the lines under it (kinds as in detail_lines)."""
+
+    question: str
+    lines: list[tuple[str, str]]
+
+
+def approval_preview(
+    name: str,
+    args: dict[str, Any],
+    diff: str | None = None,
+    *,
+    created: bool | None = None,
+    error: str | None = None,
+) -> Preview:
+    """The question to ask before a mutating call, and what to show with it.
+
+    `diff` is the change an edit_file / write_file call will make to the file as it is now (computed by
+    agent.approval with the tool's own code); it is shown by `diff_detail`, as the card shows it once the
+    call has run. `error`: why the call will fail. `created`: whether write_file creates the file."""
     if name == "shell":
-        return "Run this command?", [("command", f"$ {line}") if i == 0 else ("command", f"  {line}")
-                                     for i, line in enumerate(str(args.get("command", "")).splitlines())]
+        return Preview(
+            "Run this command?",
+            [
+                ("command", f"$ {line}") if i == 0 else ("command", f"  {line}")
+                for i, line in enumerate(str(args.get("command", "")).splitlines())
+            ],
+        )
     path = str(args.get("path", "?"))
     if name == "edit_file":
         old, new = str(args.get("old_string", "")), str(args.get("new_string", ""))
-        # lineterm="": strings without a final newline would otherwise run their -/+ lines together.
-        diff = "\n".join(difflib.unified_diff(old.splitlines(), new.splitlines(), f"a/{path}", f"b/{path}",
-                                              n=2, lineterm=""))
-        verb = "Create" if not old else "Edit"
-        return f"{verb} {path}?", diff_lines(diff)[:APPROVAL_PREVIEW_LINES]
-    if name == "write_file":
-        body = str(args.get("content", "")).splitlines()
-        lines = [("add", f"+{ln}") for ln in body[:APPROVAL_PREVIEW_LINES]]
-        if len(body) > APPROVAL_PREVIEW_LINES:
-            lines.append(("context", f"… {len(body) - APPROVAL_PREVIEW_LINES} more lines"))
-        return f"Write {path} ({len(body)} lines)?", lines
-    return f"Allow {name} {call_brief(name, args)}?", []
+        question = f"{'Create' if not old else 'Edit'} {path}?"
+        # Without the file to number them against, no hunk header: a made-up "@@ -1 +1 @@" misleads.
+        sketch = [("remove", f"-{ln}") for ln in old.splitlines()] + [
+            ("add", f"+{ln}") for ln in new.splitlines()
+        ]
+    elif name == "write_file":
+        n = len(str(args.get("content", "")).splitlines())
+        verb = {True: "Create", False: "Overwrite"}.get(created, "Write")  # type: ignore[arg-type]
+        question = f"{verb} {path} ({n} lines)?"
+        sketch = [("add", f"+{ln}") for ln in str(args.get("content", "")).splitlines()]
+    else:
+        return Preview(f"Allow {name} {call_brief(name, args)}?", [])
+    if error is not None:
+        return Preview(
+            question,
+            [("error", f"This call will fail: {one_line(error, 200)}")]
+            + _capped(sketch, APPROVAL_PREVIEW_LINES),
+        )
+    if diff is not None:
+        return Preview(question, diff_detail(diff, APPROVAL_PREVIEW_LINES))
+    return Preview(question, _capped(sketch, APPROVAL_PREVIEW_LINES))
 
 
 # -- the status bar ------------------------------------------------------------------------------------
+
 
 def human_tokens(n: int) -> str:
     if n < 1000:
@@ -306,7 +356,9 @@ class Status:
         out = [self.model or "connecting…"]
         if self.context_window:
             pct = 100 * self.context_used / self.context_window
-            out.append(f"ctx {human_tokens(self.context_used)}/{human_tokens(self.context_window)} ({pct:.0f}%)")
+            out.append(
+                f"ctx {human_tokens(self.context_used)}/{human_tokens(self.context_window)} ({pct:.0f}%)"
+            )
         if self.tokens_per_s is not None:
             out.append(f"{self.tokens_per_s:.0f} tok/s")
         if self.running_since is not None:

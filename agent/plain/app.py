@@ -25,7 +25,7 @@ from agent.config import Config
 from agent.interactive import Interactive, Outcome
 from agent.plain.printer import Printer, supports_colour
 from agent.plain.prompt import LineReader, Reader, dumb_terminal_session
-from agent.render import Status, approval_preview, typed_text
+from agent.render import Preview, Status, typed_text
 from agent.session import SessionNotFound
 
 EXIT_INTERRUPTED = 130
@@ -36,6 +36,7 @@ ANSWERS = {"y": "yes", "yes": "yes", "a": "always", "always": "always", "n": "no
 class Question:
     tool: str
     args: dict[str, Any]
+    preview: Preview
     done: threading.Event = field(default_factory=threading.Event)
     decision: Decision = field(default_factory=lambda: Decision("no", "The user interrupted the turn."))
 
@@ -51,17 +52,18 @@ class LineMode:
         self.controller: Interactive | None = None
         self.reader: Reader | LineReader | None = None
 
-    def ask(self, call: Any, tool: Any, args: dict[str, Any]) -> Decision:
+    def ask(self, call: Any, tool: Any, args: dict[str, Any], preview: Preview) -> Decision:
         """The controller's approval callback (tool thread): queue the question for the main thread."""
-        q = Question(tool.name, args)
+        q = Question(tool.name, args, preview)
         self.questions.put(q)
         q.done.wait()
         return q.decision
 
     def run(self) -> int:
         try:
-            self.controller = Interactive(self.config, self.root, emit=self.printer, ask=self.ask,
-                                          resume=self.resume)
+            self.controller = Interactive(
+                self.config, self.root, emit=self.printer, ask=self.ask, resume=self.resume
+            )
         except (ModelError, SessionNotFound) as e:
             print(f"composer-agent: error: {e}", file=sys.stderr)
             return 2
@@ -77,8 +79,11 @@ class LineMode:
     def _session(self) -> int:
         c = self.controller
         assert c is not None
-        self.printer.line(f"Composer · {c.model_name} · approval: {self.config.approval} · "
-                          "/help for commands · Ctrl-D quits", "dim")
+        self.printer.line(
+            f"Composer · {c.model_name} · approval: {self.config.approval} · "
+            "/help for commands · Ctrl-D quits",
+            "dim",
+        )
         if c.rt.resumed:
             self._replay(c.transcript())
         try:
@@ -177,7 +182,7 @@ class LineMode:
         p = self.printer
         p.hold()  # other calls' output waits until the question is answered
         try:
-            title, lines = approval_preview(q.tool, q.args)
+            title, lines = q.preview
             with p.lock:
                 p.line(f"? {title}", "question")
                 p.lines(lines, "  ")
@@ -196,4 +201,3 @@ class LineMode:
 
 def run(config: Config, root: Path, *, resume: str | None = None) -> int:
     return LineMode(config, root, resume).run()
-

@@ -8,9 +8,11 @@ match, the closest region when none does.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from agent.tools.base import ToolError, ToolResult, tool
 from agent.tools.context import ToolContext
-from agent.tools.edit_match import Ambiguous, closest_region, find, line_of
+from agent.tools.edit_match import Ambiguous, Found, closest_region, find, line_of
 from agent.tools.fileio import atomic_write, read_text, unified_diff
 from agent.tools.lint import introduced_problems_note
 
@@ -48,6 +50,32 @@ def edit_file(ctx: ToolContext, path: str, old_string: str, new_string: str, rep
         return _create(ctx, real, shown, new_string)
     tf = read_text(real, shown)
     before = tf.text
+    after, work, found, tier = replaced(before, shown, old_string, new_string, replace_all)
+    atomic_write(real, tf.encode(after), mode=tf.mode, tmp_dir=ctx.workspace.temp_dir())
+
+    first_line = line_of(work, found.matches[0].start)
+    count = len(found.matches)
+    msg = (f"Edited {shown}: {count} replacement{'s' if count > 1 else ''} "
+           f"(first at line {first_line}; {TIER_NOTES[tier]}).")
+    snippet = _snippet(after.replace("\r\n", "\n"), first_line, found.matches[0].replacement)
+    lint_note, problems = introduced_problems_note(before, after, shown)
+    diff = unified_diff(before, after, shown)
+    return ToolResult(msg + "\n" + snippet + lint_note, data={
+        "path": shown, "tier": tier, "replacements": count, "diff": diff, "first_line": first_line,
+        "lint_errors": problems,
+    })
+
+
+class Replaced(NamedTuple):
+    after: str  # the file's new text, in the file's own line endings
+    work: str  # the old text as matched (LF when the file is CRLF throughout)
+    found: Found
+    tier: str
+
+
+def replaced(before: str, shown: str, old_string: str, new_string: str, replace_all: bool = False) -> Replaced:
+    """The file's text after the edit, without writing it: the tool and its approval preview share it,
+    so the question shows exactly the change that will be made. ToolError when old_string does not match."""
     crlf_file = "\r\n" in before and before.count("\r\n") == before.count("\n")
     work = before.replace("\r\n", "\n") if crlf_file else before
     old_lf, new_lf = old_string.replace("\r\n", "\n"), new_string.replace("\r\n", "\n")
@@ -71,19 +99,7 @@ def edit_file(ctx: ToolContext, path: str, old_string: str, new_string: str, rep
     after = _keep_final_newline(work, after)
     if crlf_file:
         after = after.replace("\n", "\r\n")
-    atomic_write(real, tf.encode(after), mode=tf.mode, tmp_dir=ctx.workspace.temp_dir())
-
-    first_line = line_of(work, found.matches[0].start)
-    count = len(found.matches)
-    msg = (f"Edited {shown}: {count} replacement{'s' if count > 1 else ''} "
-           f"(first at line {first_line}; {TIER_NOTES[tier]}).")
-    snippet = _snippet(after.replace("\r\n", "\n"), first_line, found.matches[0].replacement)
-    lint_note, problems = introduced_problems_note(before, after, shown)
-    diff = unified_diff(before, after, shown)
-    return ToolResult(msg + "\n" + snippet + lint_note, data={
-        "path": shown, "tier": tier, "replacements": count, "diff": diff, "first_line": first_line,
-        "lint_errors": problems,
-    })
+    return Replaced(after, work, found, tier)
 
 
 def _create(ctx: ToolContext, real, shown: str, content: str) -> ToolResult:

@@ -27,7 +27,7 @@ from agent import history
 from agent.approval import Ask, Decision
 from agent.commands import Outcome, help_text
 from agent.protocol import Event
-from agent.render import Status
+from agent.render import Preview, Status
 from agent.tui.approval import ApprovalBar
 from agent.tui.cards import ToolCard
 from agent.tui.feed import Feed
@@ -48,6 +48,7 @@ class PendingApproval:
     call_id: str
     tool: str
     args: dict[str, Any]
+    preview: Preview
     done: threading.Event = field(default_factory=threading.Event)
     decision: Decision = field(
         default_factory=lambda: Decision("no", "The interface closed before an answer.")
@@ -288,9 +289,9 @@ class ComposerApp(App[int]):
 
     # -- approvals --------------------------------------------------------------------------------
 
-    def ask(self, call: Any, tool: Any, args: dict[str, Any]) -> Decision:
+    def ask(self, call: Any, tool: Any, args: dict[str, Any], preview: Preview) -> Decision:
         """The controller's approval callback: runs on a tool thread and blocks until answered."""
-        pending = PendingApproval(call.id, tool.name, args)
+        pending = PendingApproval(call.id, tool.name, args, preview)
         if self._closed:
             return pending.decision
         try:
@@ -308,7 +309,7 @@ class ComposerApp(App[int]):
         card = self.transcript.cards.get(pending.call_id)
         if card is not None:
             card.asking()
-        self.query_one(ApprovalBar).ask(pending.tool, pending.args)
+        self.query_one(ApprovalBar).ask(pending.tool, pending.preview)
 
     def on_approval_bar_answered(self, message: ApprovalBar.Answered) -> None:
         self._resolve(message.decision)

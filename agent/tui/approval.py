@@ -11,7 +11,7 @@ from textual.message import Message
 from textual.widgets import Input, Static
 
 from agent.approval import Decision
-from agent.render import approval_preview
+from agent.render import Preview
 from agent.tui.cards import styled_lines
 
 KEYS_HINT = "[y] yes   [a] always for {tool} this session   [n] no, and say why   [Esc] stop the turn"
@@ -33,9 +33,9 @@ class ApprovalBar(Vertical, can_focus=True):
         yield Static("", id="keys", markup=False)
         yield Input(placeholder="Why not? (optional; Enter sends)", id="reason")
 
-    def ask(self, tool: str, args: dict[str, Any]) -> None:
+    def ask(self, tool: str, preview: Preview) -> None:
         self.tool = tool
-        question, lines = approval_preview(tool, args)
+        question, lines = preview
         self.query_one("#question", Static).update(Text(question, style="bold"))
         self.query_one("#preview", Static).update(styled_lines(lines))
         self.query_one("#keys", Static).update(Text(KEYS_HINT.format(tool=tool), style="dim"))

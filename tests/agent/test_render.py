@@ -65,8 +65,9 @@ def test_summaries_of_real_tool_results(tmp_path):
     assert result_summary(finished("read_file", read)) == "lines 1–2 of 2"
     missing = tools.call("read_file", path="nope.py")
     assert result_summary(finished("read_file", missing)).startswith("nope.py does not exist")
-    todo = tools.call("todo_write", todos=[{"content": "a", "status": "completed"},
-                                           {"content": "b", "status": "pending"}])
+    todo = tools.call(
+        "todo_write", todos=[{"content": "a", "status": "completed"}, {"content": "b", "status": "pending"}]
+    )
     assert result_summary(finished("todo_write", todo)) == "1/2 done"
     assert detail_lines(finished("todo_write", todo)) == [("completed", "✓ a"), ("pending", "○ b")]
 
@@ -74,8 +75,16 @@ def test_summaries_of_real_tool_results(tmp_path):
 def test_declined_and_interrupted_calls_say_so():
     denied = ToolCallFinished(1, 0, "c", "shell", False, "Error: The user declined", 0.0, {"denied": True})
     assert result_summary(denied) == "declined"
-    cut = ToolCallFinished(1, 0, "c", "shell", False, "x\n[interrupted]", 0.2,
-                           {"command": "sleep 9", "exit_code": 130, "interrupted": True})
+    cut = ToolCallFinished(
+        1,
+        0,
+        "c",
+        "shell",
+        False,
+        "x\n[interrupted]",
+        0.2,
+        {"command": "sleep 9", "exit_code": 130, "interrupted": True},
+    )
     assert result_summary(cut) == "interrupted"
 
 
@@ -96,20 +105,30 @@ def test_briefs_hits_and_lines():
     assert call_brief("todo_write", {"todos": [{}]}) == "1 item"
     assert call_brief("mystery", "raw text") == "raw text"
     assert one_line("x" * 10, 5) == "xxxx…"
-    hits = [{"path": "a.py", "line": 3, "text": "  x = 1"}, {"path": "b.py"},
-            {"path": "c.py", "start_line": 10, "end_line": 20, "text": "def f():\n  pass"}]
+    hits = [
+        {"path": "a.py", "line": 3, "text": "  x = 1"},
+        {"path": "b.py"},
+        {"path": "c.py", "start_line": 10, "end_line": 20, "text": "def f():\n  pass"},
+    ]
     assert hit_lines(hits) == ["a.py:3: x = 1", "b.py", "c.py:10-20: def f(): …"]
     assert hit_lines(hits, limit=1) == ["a.py:3: x = 1", "… 2 more"]
     assert output_tail("(no output)\n[exit code 0; 0.0 s]") == []
     assert diff_lines("--- a/x\n+++ b/x\n@@ -1 +1 @@\n-a\n+b\n c") == [
-        ("header", "--- a/x"), ("header", "+++ b/x"), ("hunk", "@@ -1 +1 @@"), ("remove", "-a"), ("add", "+b"),
-        ("context", " c")]
+        ("header", "--- a/x"),
+        ("header", "+++ b/x"),
+        ("hunk", "@@ -1 +1 @@"),
+        ("remove", "-a"),
+        ("add", "+b"),
+        ("context", " c"),
+    ]
 
 
 def test_approval_previews():
     q, lines = approval_preview("shell", {"command": "make\nmake test"})
     assert q == "Run this command?" and lines == [("command", "$ make"), ("command", "  make test")]
-    q, lines = approval_preview("edit_file", {"path": "a.py", "old_string": "x = 1\n", "new_string": "x = 2\n"})
+    q, lines = approval_preview(
+        "edit_file", {"path": "a.py", "old_string": "x = 1\n", "new_string": "x = 2\n"}
+    )
     assert q == "Edit a.py?" and ("remove", "-x = 1") in lines and ("add", "+x = 2") in lines
     _, lines = approval_preview("edit_file", {"path": "a.py", "old_string": "a - b", "new_string": "a + b"})
     assert lines[-2:] == [("remove", "-a - b"), ("add", "+a + b")]
@@ -173,8 +192,13 @@ def test_history_file_round_trip_and_cursor(tmp_path):
 
 
 def test_coalesce_joins_text_per_turn_and_keeps_order():
-    evs = [TextDelta(1, "a"), TextDelta(1, "b"), ToolCallStarted(1, 0, "c", "x", {}), TextDelta(1, "c"),
-           TextDelta(2, "d")]
+    evs = [
+        TextDelta(1, "a"),
+        TextDelta(1, "b"),
+        ToolCallStarted(1, 0, "c", "x", {}),
+        TextDelta(1, "c"),
+        TextDelta(2, "d"),
+    ]
     assert coalesce(evs) == [TextDelta(1, "ab"), evs[2], TextDelta(1, "c"), TextDelta(2, "d")]
 
 
@@ -188,8 +212,10 @@ def test_the_pump_delivers_events_from_threads_in_one_batch_per_frame():
         loop = asyncio.get_running_loop()
         pump = EventPump(apply, frame_s=0.05)
         pump.attach(loop, lambda delay, cb: loop.call_later(delay, lambda: asyncio.ensure_future(cb())))
-        workers = [threading.Thread(target=lambda i=i: [pump(TextDelta(1, f"{i}")) for _ in range(50)])
-                   for i in range(4)]
+        workers = [
+            threading.Thread(target=lambda i=i: [pump(TextDelta(1, f"{i}")) for _ in range(50)])
+            for i in range(4)
+        ]
         for w in workers:
             w.start()
         for w in workers:
