@@ -99,7 +99,8 @@ class Agent:
             status, error = ("interrupted", None) if e.kind == "interrupted" else ("error", str(e))
             self.error_kind = e.kind
         finished = Finished(status, final, self.turn - turns_at_start, time.monotonic() - start,
-                            self.prompt_tokens, self.completion_tokens, self.session.id, error)
+                            self.prompt_tokens, self.completion_tokens, self.session.id, error,
+                            self.error_kind if status == "error" else None)
         self.session.write({"type": "finished", **{k: v for k, v in finished.to_dict().items() if k != "type"}})
         self.emit(finished)
         return finished

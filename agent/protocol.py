@@ -156,6 +156,9 @@ class Finished(Event):
     completion_tokens: int
     session_id: str
     error: str | None = None
+    # Why it failed, for scripts: the client's kind (config | server | request | cut_off | ...), or a
+    # start-up failure's (unreachable | auth | not_found | usage | session | internal); None otherwise.
+    error_kind: str | None = None
 
 
 @dataclass
