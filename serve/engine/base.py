@@ -11,6 +11,7 @@ import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from serve.engine.weights import WeightLoadError, WeightsLoaded
 
@@ -28,6 +29,8 @@ class SamplingParams:
     logprobs: bool = False
     top_logprobs: int = 0
     """With logprobs: also the N most likely tokens at each step, with their logprobs."""
+    grammar: Any = None
+    """A serve.structured.Constraint: each step, only tokens its grammar allows may be sampled."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

@@ -187,6 +187,7 @@ class HFEngine(Engine):
         from serve.engine.sampling import make_generator, sample
 
         gen = make_generator(req.params)
+        matcher = req.params.grammar.matcher() if req.params.grammar is not None else None  # structured output
         version = self.policy_version  # only this thread changes it, between requests
         cache = DynamicCache()
         ids = torch.tensor([req.prompt_ids], device=self.device)
@@ -198,7 +199,7 @@ class HFEngine(Engine):
                     return
                 out = self.model(input_ids=ids, past_key_values=cache, use_cache=True)
                 cache = out.past_key_values
-                token, logprob, top = sample(out.logits[0, -1], req.params, gen)
+                token, logprob, top = sample(out.logits[0, -1], req.params, gen, matcher)
                 req.loop.call_soon_threadsafe(req.out.put_nowait, GenToken(token, logprob, top, version))
                 length += 1
                 if token in stop:

@@ -319,7 +319,8 @@ class NativeEngine(Engine):
             self.blocks.register(seq)
         if not sampled:
             return
-        picks = sample_batch(logits, [s.params for s in sampled], [s.generator for s in sampled])
+        picks = sample_batch(logits, [s.params for s in sampled], [s.generator for s in sampled],
+                             [s.matcher for s in sampled])  # grammars: masks per sequence
         out: list[tuple[Sequence, object]] = []
         for seq, pick in zip(sampled, picks, strict=True):
             if isinstance(pick, Exception):

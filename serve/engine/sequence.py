@@ -7,6 +7,7 @@ import itertools
 import threading
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 import torch
 
@@ -36,9 +37,12 @@ class Sequence:
     cancelled: threading.Event = field(default_factory=threading.Event)
     generator: torch.Generator | None = None
     policy_version: int = 0  # stamped when the engine accepts it; weights never change under it
+    matcher: Any = None  # its grammar's state (serve/structured.py), advanced by each sampled token
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = self.num_prompt_tokens or len(self.token_ids)
+        if self.params.grammar is not None and self.matcher is None:
+            self.matcher = self.params.grammar.matcher()
 
     def __len__(self) -> int:
         return len(self.token_ids)
