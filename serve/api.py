@@ -44,6 +44,7 @@ from serve.schemas import (
     LoadWeightsRequest,
     validation_message,
 )
+from serve.structured import Grammars
 
 T = TypeVar("T")
 DEFAULT_MAX_BODY_BYTES = 16 * 2**20
@@ -66,9 +67,11 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
     metrics: Metrics = field(init=False)
     workers: ThreadPoolExecutor = field(init=False)
+    grammars: Grammars = field(init=False)
 
     def __post_init__(self) -> None:
         self.metrics = Metrics(self.engine.stats)
+        self.grammars = Grammars(self.chat.dir, self.chat.stop_token_ids, self.chat.tool_format)
         # Rendering and tokenising (tokenizers releases the GIL in encode_batch: ChatFormat.encode);
         # two threads, as the engine thread wants the cores.
         self.workers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="composer-prepare")

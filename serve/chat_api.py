@@ -2,8 +2,12 @@
 
 tool_choice: "none" renders no tools and parses none; "auto" renders them and parses whatever the
 model writes; "required" and a named function prefill the start of a tool call after the generation
-prompt (`ChatFormat.forced_call_prefix`), so the model can only continue a call — a constraint without
-a grammar engine (the model may still write malformed arguments, which then come back as content).
+prompt (`ChatFormat.forced_call_prefix`) and, on engines that sample under a grammar (native, hf), a
+grammar (serve/structured.py) makes the rest a well-formed call of an offered tool (the named one)
+with arguments valid against its schema, closed, so it comes back as `tool_calls`. `response_format`
+json_object / json_schema constrains the answer to such JSON (with tools and tool_choice "auto": that
+JSON or tool calls; with a forced tool_choice, the call wins). Engines without grammars answer a
+response_format with a 400 and a forced call with the prefill alone.
 parallel_tool_calls=false keeps the first call and stops generating after it.
 Streaming emits content and reasoning deltas as they become certain and each tool call whole, as soon
 as its closing tag arrives. Every body and chunk carries `policy_version`, the version of the weights
@@ -30,6 +34,9 @@ from serve.chat_format import ChatFormatError
 from serve.engine.base import SamplingParams
 from serve.generation import Finish, run_choice
 from serve.schemas import APIError, ChatCompletionRequest, NamedToolChoice
+from serve.structured import GrammarError
+
+GRAMMAR_ENGINES = {"native", "hf"}  # engines whose sampling applies SamplingParams.grammar
 
 
 @dataclass
@@ -87,7 +94,34 @@ def prepare(state: ServerState, req: ChatCompletionRequest) -> Prepared:
         raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs", code="logprobs_required")
     params = state.sampling(req, len(prompt_ids), req.max_completion_tokens or req.max_tokens, req.logprobs,
                             req.top_logprobs or 0)
+    grammar = _grammar(state, req, rendered_tools, forced, choice == "required")
+    if grammar is not None:  # the grammar ends on a stop token: it must end the sequence (even with ignore_eos)
+        params = replace(params, grammar=grammar,
+                         stop_token_ids=sorted(set(params.stop_token_ids) | set(state.chat.stop_token_ids)))
     return Prepared(prompt_text, prefix, prompt_ids, rendered_tools, params, req.stop_list(), req.parallel_tool_calls)
+
+
+def _grammar(state: ServerState, req: ChatCompletionRequest, tools: list[dict[str, Any]] | None, forced: str | None,
+             required: bool):
+    """The grammar this request's answer must follow, or None (compiled here, on a prepare thread)."""
+    fmt = req.response_format
+    wants_json = fmt is not None and fmt.type != "text"
+    if not (wants_json or forced or required):
+        return None
+    if state.engine.name not in GRAMMAR_ENGINES:
+        if wants_json:
+            raise APIError(400, f"response_format {fmt.type} needs structured decoding, which engine "
+                                f"{state.engine.name} does not do", param="response_format", code="unsupported")
+        return None  # forced calls: the prefill alone
+    schema = fmt.json_schema.schema_ if wants_json and fmt.type == "json_schema" else None
+    try:
+        if forced or required:
+            return state.grammars.forced_call(tools or [], forced, req.parallel_tool_calls)
+        if tools:
+            return state.grammars.calls_or_json(tools, schema, req.parallel_tool_calls)
+        return state.grammars.json(schema)
+    except GrammarError as e:
+        raise APIError(400, str(e), param=e.param, code="invalid_json_schema") from None
 
 
 async def choice_events(state: ServerState, p: Prepared, params: SamplingParams) -> AsyncIterator[tuple[str, Any]]:

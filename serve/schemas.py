@@ -169,6 +169,40 @@ class _Sampling(_Lenient):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
 
+class JSONSchemaSpec(_Lenient):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    """None: any JSON object."""
+    strict: bool | None = None
+
+    @field_validator("schema_")
+    @classmethod
+    def _valid_schema(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None:
+            try:
+                validator_for(v).check_schema(v)
+            except SchemaError as e:
+                raise ValueError(f"not a valid JSON Schema: {e.message}") from None
+        return v
+
+
+class TextFormat(_Lenient):
+    type: Literal["text"]
+
+
+class JSONObjectFormat(_Lenient):
+    type: Literal["json_object"]
+
+
+class JSONSchemaFormat(_Lenient):
+    type: Literal["json_schema"]
+    json_schema: JSONSchemaSpec
+
+
+ResponseFormat = Annotated[TextFormat | JSONObjectFormat | JSONSchemaFormat, Field(discriminator="type")]
+
+
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[ToolSpec] | None = None
@@ -178,6 +212,7 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: Int(ge=0, le=20) | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
 
 
 class CompletionRequest(_Sampling):
