@@ -220,6 +220,7 @@ class Hub:
 
         self.servers = [s for s in servers if s.enabled]
         self.root, self.log_dir = root, log_dir
+        log_dir.mkdir(parents=True, exist_ok=True)
         self.tools: list[Tool] = []
         self.warnings: list[str] = []
         self._clients: dict[str, Any] = {}
@@ -482,7 +483,6 @@ def connect(raw_servers: dict[str, Any], root: Path, log_dir: Path) -> tuple[lis
             if not _atexit_registered:
                 _atexit_registered = True
                 atexit.register(shutdown)
-            log_dir.mkdir(parents=True, exist_ok=True)
             hub = _hubs[key] = Hub(servers, root, log_dir)
             hub.start()
             return list(hub.tools), list(hub.warnings)

@@ -11,12 +11,13 @@ name outside the OpenAI function-name charset.
 from __future__ import annotations
 
 import base64
+import logging
 import os
 import socket
 import sys
 import time
 
-from mcp.server.mcpserver import Image, MCPServer
+from mcp.server.mcpserver import Context, Image, MCPServer
 from mcp.types import ToolAnnotations
 
 READ_ONLY = ToolAnnotations(readOnlyHint=True)
@@ -24,7 +25,10 @@ PNG_1PX = base64.b64decode(
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAQAAAC1HAwCAAAAC0lEQVR42mNkYAAAAAYAAjCB0C8AAAAASUVORK5CYII="
 )
 
-server = MCPServer("fixture")
+# Plain log lines: the SDK's default rich tracebacks take a second to render on a busy machine,
+# which a test with short timeouts would read as a hung server.
+logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+server = MCPServer("fixture", log_level="WARNING")
 
 
 @server.tool(annotations=READ_ONLY)
@@ -67,6 +71,12 @@ def nap(seconds: float) -> str:
     """Sleep, then answer."""
     time.sleep(seconds)
     return f"slept {seconds}"
+
+
+@server.tool(annotations=READ_ONLY)
+def header(name: str, ctx: Context) -> str:
+    """The value of an HTTP request header (over streamable HTTP)."""
+    return (ctx.headers or {}).get(name.lower(), "(no such header)")
 
 
 @server.tool(name="odd.name with spaces", annotations=READ_ONLY)
