@@ -60,12 +60,17 @@ class RLConfig:
     """max_tokens of each model request."""
     server_args: list[str] = field(default_factory=lambda: ["--dtype", "float32"])
     """Extra composer-serve flags when the run launches its own server."""
+    backend: str = "threads"
+    """Where episodes run: threads (this process), processes (a local pool) or ray (actors on a Ray
+    cluster); see train/distributed/rollouts.py."""
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.group_size < 1 or self.groups_per_step < 1 or self.workers < 1:
             raise ValueError("steps, group_size, groups_per_step and workers must be at least 1")
         if self.max_staleness < 0:
             raise ValueError("max_staleness must be >= 0")
+        if self.backend not in ("threads", "processes", "ray"):
+            raise ValueError(f"backend must be threads, processes or ray, not {self.backend!r}")
 
 
 def tasks_for_batch(tasks: list[Task], k: int, n: int, seed: int) -> list[Task]:
@@ -179,7 +184,7 @@ def latest_checkpoint(out: Path) -> Path | None:
 
 def run(model_dir: str | Path, tasks: list[Task], out: str | Path, cfg: RLConfig, *,
         trainer_cfg: TrainerConfig | None = None, loss: LossConfig | None = None,
-        reward: RewardConfig | None = None, resume: bool = False, base_url: str | None = None,
+        reward: RewardConfig | None = None, resume: bool = False, base_url: str | list[str] | None = None,
         api_key: str | None = None, served_name: str = "policy", progress: Progress | None = None) -> list[dict]:
     """Run RL; returns the metrics of every step (also in OUT/metrics.jsonl)."""
     heldout = [t.id for t in tasks if t.split == "heldout"]
@@ -206,8 +211,14 @@ def run(model_dir: str | Path, tasks: list[Task], out: str | Path, cfg: RLConfig
         if trainer.config.mxfp8_experts and read_policy(model_dir).get("experts") != "mxfp8":
             # Serve exactly what the trainer computes from step 0 on: the experts in MXFP8.
             serve_from = trainer.save(out / "policy" / f"v{trainer.policy_version}", resumable=False)
-    server = (Server(base_url, served_name, api_key) if base_url
-              else launch(serve_from, *cfg.server_args, name=served_name, log_path=out / "server.log"))
+    urls = [base_url] if isinstance(base_url, str) else list(base_url or [])
+    if len(urls) > 1:  # several inference servers: each episode sticks to one, every one gets the weights
+        from train.distributed.pool import ServerPool
+
+        server = ServerPool.from_urls(urls, served_name, api_key)
+    else:
+        server = (Server(urls[0], served_name, api_key) if urls
+                  else launch(serve_from, *cfg.server_args, name=served_name, log_path=out / "server.log"))
     if base_url and server.version() != trainer.policy_version:
         server.load_weights(serve_from, trainer.policy_version)
     rollout = RolloutConfig(server.base_url, server.model, server.api_key, cfg.temperature, cfg.max_output_tokens)
@@ -215,8 +226,15 @@ def run(model_dir: str | Path, tasks: list[Task], out: str | Path, cfg: RLConfig
     (out / "config.json").write_text(json.dumps({"rl": asdict(cfg), "trainer": asdict(trainer.config),
                                                  "loss": asdict(loss), "reward": asdict(reward or RewardConfig()),
                                                  "model": str(model_dir), "tasks": len(tasks)}, indent=2))
-    rollouts = Rollouts(tasks, cfg, rollout, compose(reward or RewardConfig()), out, first, trainer.policy_version,
-                        spec_hash)
+    if cfg.backend == "threads" and len(urls) <= 1:
+        rollouts = Rollouts(tasks, cfg, rollout, compose(reward or RewardConfig()), out, first,
+                            trainer.policy_version, spec_hash)
+    else:
+        from train.distributed.rollouts import DistributedRollouts
+
+        rollouts = DistributedRollouts(tasks, cfg, rollout, reward or RewardConfig(), out, first,
+                                       trainer.policy_version, spec_hash, endpoints=urls or None,
+                                       backend="processes" if cfg.backend == "threads" else cfg.backend)
     progress = progress or Progress(cfg.steps, first)
     history: list[dict] = []
     try:
