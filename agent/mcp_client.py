@@ -379,10 +379,10 @@ class Hub:
         schema = input_schema(mcp_tool.input_schema or {})
         try:
             jsonschema.Draft202012Validator.check_schema(schema)
-        except jsonschema.SchemaError as e:
+        except Exception as e:  # noqa: BLE001 - SchemaError, or a schema the validator cannot read at all
             self.warnings.append(
                 f"MCP server {server.name}: tool {mcp_tool.name} has an invalid input "
-                f"schema ({e.message}); it is left out."
+                f"schema ({getattr(e, 'message', e)}); it is left out."
             )
             return None
         read_only = bool(mcp_tool.annotations and mcp_tool.annotations.read_only_hint)

@@ -17,7 +17,7 @@ pytest.importorskip("mcp", reason="the mcp extra is not installed")
 
 from agent.approval import Approvals, Decision  # noqa: E402
 from agent.config import Config, ConfigError, load_config  # noqa: E402
-from agent.mcp_client import Hub, parse_servers, tool_name  # noqa: E402
+from agent.mcp_client import Hub, ServerConfig, parse_servers, tool_name  # noqa: E402
 from agent.scripted import ScriptedServer  # noqa: E402
 from agent.tools import Executor, Registry, ToolCall, ToolContext, default_registry, spec_hash  # noqa: E402
 
@@ -131,6 +131,18 @@ def test_tool_names_fit_the_openai_charset():
     assert len(long) == 64 and long.startswith("server__xxx")
     clash = tool_name("fx", "a.b", {"fx__a_b"})
     assert clash != "fx__a_b" and clash.startswith("fx__a_b_")
+
+
+def test_a_tool_with_a_broken_schema_is_left_out_with_a_warning(tmp_path):
+    from mcp.types import Tool as McpTool
+
+    hub = Hub([], tmp_path, tmp_path / "logs")
+    try:
+        bad = McpTool(name="bad", inputSchema={"type": "object", "properties": {"a": {"type": 5}}})
+        assert hub._tool(ServerConfig("s", command="x"), bad, set()) is None
+        assert "tool bad has an invalid input schema" in hub.warnings[0]
+    finally:
+        hub.close()
 
 
 # -- tools over stdio -------------------------------------------------------------------------------
