@@ -23,8 +23,19 @@ from agent import __version__
 SUBCOMMANDS = {"index": "main_index", "search": "main_search"}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+class Parser(argparse.ArgumentParser):
+    json_errors = False  # with --json a usage error also ends stdout with a failure event, for scripts
+
+    def error(self, message: str):  # type: ignore[override]
+        if self.json_errors:
+            from agent.headless import json_failure
+
+            json_failure("usage", message)
+        super().error(message)
+
+
+def build_parser() -> Parser:
+    p = Parser(
         prog="composer-agent",
         description="Composer: a fast, local-first coding agent. Without --task it opens the interactive "
                     "interface in the current repository.",
@@ -74,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return demo_main(argv[1:])
     parser = build_parser()
+    parser.json_errors = "--json" in argv
     args = parser.parse_args(argv)
 
     from agent.config import ConfigError, endpoint_source, load_config
@@ -94,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         config.extra_roots(root)  # a missing added folder is a usage error now, not mid-run
     except ConfigError as e:
         print(f"composer-agent: error: {e}", file=sys.stderr)
-        return 2
+        return _json_failure(args, "config", str(e), 2)
     if headless and args.task is not None and not args.task.strip():
         parser.error("--task is empty")
     server = None
@@ -105,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             server = start_builtin()
         except BuiltinModelError as e:
             print(f"composer-agent: error: {e}", file=sys.stderr)
-            return 2
+            return _json_failure(args, "builtin_model", str(e), 2)
         except KeyboardInterrupt:  # Ctrl-C while it loads: start_builtin has stopped the child
             print("\ncomposer-agent: interrupted", file=sys.stderr)
             return 130
@@ -129,6 +141,15 @@ def _run(args: argparse.Namespace, config, root: Path, headless: bool) -> int:
     from agent.tui import run as run_tui
 
     return run_tui(config, root, resume=args.resume)
+
+
+def _json_failure(args: argparse.Namespace, kind: str, message: str, code: int) -> int:
+    """With --json, a failure before the run also ends stdout with its `finished` event."""
+    if args.json:
+        from agent.headless import json_failure
+
+        json_failure(kind, message)
+    return code
 
 
 def full_terminal() -> bool:

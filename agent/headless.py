@@ -5,6 +5,12 @@ Without --json the final answer goes to stdout and a one-line-per-tool progress 
 stderr. Exit codes: 0 finished, 1 the agent failed or hit a limit, 2 usage or configuration error
 (server unreachable, bad key, unknown model), 130 interrupted (Ctrl-C: tools killed, session saved).
 
+With --json every run ends with a `finished` event, failures included, so a script needs only stdout:
+one that fails before the loop starts prints just that event, with status "error", `error` (the
+message, also on stderr) and `error_kind`: unreachable, auth, not_found (model or URL), config (the
+configuration or the server's answer to it), usage (flags), session (--resume), builtin_model, internal.
+A failure inside the loop carries the client's kind (request, server, cut_off, ...).
+
 The agent runs in a worker thread so that Ctrl-C in the main thread can interrupt it cleanly (a
 KeyboardInterrupt raised inside the loop could tear a session record); a second Ctrl-C exits at once.
 """
@@ -72,26 +78,62 @@ def _brief(args: object) -> str:
     return str(args)[:120]
 
 
+def report_failure(
+    kind: str, message: str, *, as_json: bool, status: str = "error", prefix: str = "error"
+) -> None:
+    """A run that ends outside the loop: one line on stderr and, with --json, its final event on stdout."""
+    print(f"composer-agent: {prefix}: {message}", file=sys.stderr, flush=True)
+    if as_json:
+        json_failure(kind, message, status)
+
+
+def json_failure(kind: str, message: str, status: str = "error") -> None:
+    """The final `finished` event of a --json run that ended outside the loop (entry points call it too)."""
+    event = Finished(status, "", 0, 0.0, 0, 0, "", message if status == "error" else None, kind)
+    sys.stdout.write(event.to_json() + "\n")
+    sys.stdout.flush()
+
+
+def failure_kind(e: ModelError) -> str:
+    """A start-up ModelError's kind for scripts: what to fix (the client calls all of these "config")."""
+    if e.kind != "config":
+        return e.kind
+    if e.status in (401, 403):
+        return "auth"
+    if e.status == 404:
+        return "not_found"
+    if str(e).startswith("cannot reach"):
+        return "unreachable"
+    return "config"
+
+
 def run(config: Config, root: Path, task: str | None, *, as_json: bool, resume: str | None) -> int:
     emit = JsonEvents(sys.stdout) if as_json else Progress(sys.stderr)
     if config.approval == "ask":
-        print("composer-agent: error: --approval ask needs an interactive terminal; "
-              "headless runs use auto or read-only", file=sys.stderr)
+        report_failure(
+            "usage",
+            "--approval ask needs an interactive terminal; headless runs use auto or read-only",
+            as_json=as_json,
+        )
         return EXIT_USAGE
     try:
         rt = build(config, root, emit=emit, approve=Approvals(config.approval), resume=resume)
     except ModelError as e:
-        print(f"composer-agent: error: {e}", file=sys.stderr)
+        report_failure(failure_kind(e), str(e), as_json=as_json)
         return EXIT_USAGE if e.kind == "config" else EXIT_FAILED
     except SessionNotFound as e:
-        print(f"composer-agent: error: {e}", file=sys.stderr)
+        report_failure("session", str(e), as_json=as_json)
         return EXIT_USAGE
     result: list[Finished] = []
+    crash: list[BaseException] = []
     done = threading.Event()
 
     def work() -> None:
         try:
             result.append(rt.agent.run(task or "Continue.", rt.system))
+        except BaseException as e:  # a bug: reported below as an internal failure, not a silent exit 1
+            crash.append(e)
+            raise
         finally:
             done.set()
 
@@ -104,12 +146,23 @@ def run(config: Config, root: Path, task: str | None, *, as_json: bool, resume: 
         except KeyboardInterrupt:
             if interrupted:
                 rt.session.close()
+                if as_json:
+                    with emit.lock:  # type: ignore[union-attr]
+                        report_failure(
+                            "interrupted",
+                            "interrupted at once",
+                            as_json=True,
+                            status="interrupted",
+                            prefix="stopped",
+                        )
                 os._exit(EXIT_INTERRUPTED)
             interrupted = True
             print("\ncomposer-agent: interrupting (Ctrl-C again to quit at once)", file=sys.stderr)
             rt.agent.interrupt()
     rt.session.close()
     if not result:
+        why = f"{type(crash[0]).__name__}: {crash[0]}" if crash else "the agent stopped without a result"
+        report_failure("internal", f"internal error: {why}", as_json=as_json)
         return EXIT_FAILED
     finished = result[0]
     if finished.status == "completed":

@@ -148,10 +148,68 @@ def test_exit_2_on_an_unreachable_server(buggy_repo):
     s.close()
     start = time.monotonic()
     p = run_agent(buggy_repo, "--task", "x", "--json", "--base-url", f"http://127.0.0.1:{port}/v1")
-    assert p.returncode == 2 and p.stdout == ""
+    assert p.returncode == 2
+    assert failure(p.stdout, "unreachable", f"http://127.0.0.1:{port}/v1/models")
     assert p.stderr.strip().splitlines() == [p.stderr.strip()]
     assert f"http://127.0.0.1:{port}/v1/models" in p.stderr
     assert time.monotonic() - start < 20
+
+
+def failure(stdout: str, kind: str, text: str) -> dict:
+    """The one JSON event a --json run that failed before its loop prints: a final `finished` event."""
+    (fin,) = events(stdout)
+    assert fin["type"] == "finished" and fin["status"] == "error", fin
+    assert fin["error_kind"] == kind and text in fin["error"], fin
+    return fin
+
+
+@pytest.mark.slow
+def test_json_mode_reports_server_failures_as_a_final_event_on_stdout(buggy_repo):
+    """Scripts read stdout only: each failure ends with a `finished` event (status, error_kind, error)."""
+    with ScriptedServer([{"content": "never"}], api_key="right-key") as srv:
+        p = run_agent(buggy_repo, "--task", "x", "--json", "--base-url", srv.base_url, "--api-key", "wrong")
+        assert p.returncode == 2 and failure(p.stdout, "auth", "HTTP 401")
+        p = run_agent(buggy_repo, "--task", "x", "--json", "--base-url", srv.base_url, "--api-key", "right-key",
+                      "--model", "gpt-nope")
+        assert p.returncode == 2 and failure(p.stdout, "not_found", "'gpt-nope' does not exist")
+        p = run_agent(buggy_repo, "--task", "x", "--json", "--base-url", srv.base_url, "--api-key", "right-key",
+                      "--resume", "nope")
+        assert p.returncode == 2 and failure(p.stdout, "session", "nope")
+
+    # A tiny server that answers the model list but refuses the request itself (a 400 the run cannot fix).
+    with ScriptedServer([{"status": 400}]) as srv:
+        p = run_agent(buggy_repo, "--task", "x", "--json", "--base-url", srv.base_url)
+    assert p.returncode == 1
+    evs = events(p.stdout)
+    assert evs[0]["type"] == "session_started" and evs[-1]["type"] == "finished"
+    assert evs[-1]["status"] == "error" and evs[-1]["error_kind"] == "request" and "HTTP 400" in evs[-1]["error"]
+
+
+def test_json_mode_reports_usage_and_config_errors_on_stdout(buggy_repo, capsys, monkeypatch):
+    from agent.cli import main
+
+    for var in ("COMPOSER_BASE_URL", "COMPOSER_MODEL", "COMPOSER_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(buggy_repo.parent / "xdg"))
+    common = ["--json", "--cwd", str(buggy_repo), "--base-url", "http://127.0.0.1:9/v1"]
+
+    def fails(args: list[str], kind: str, text: str) -> None:
+        try:
+            code = main([*common, *args])
+        except SystemExit as e:  # argparse's own errors
+            code = e.code
+        out, err = capsys.readouterr()
+        assert code == 2, (args, err)
+        failure(out, kind, text)
+        assert text in err  # people still read stderr
+
+    fails(["--task", "x", "--approval", "ask"], "usage", "interactive")
+    fails([], "usage", "--json needs --task")
+    fails(["--task", " "], "usage", "--task is empty")
+    fails(["--task", "x", "--max-turns", "lots"], "usage", "invalid int value")
+    (buggy_repo / ".composer").mkdir(exist_ok=True)
+    (buggy_repo / ".composer" / "config.toml").write_text("max_turns = 'many'\n")
+    fails(["--task", "x"], "config", "max_turns")
 
 
 def test_exit_2_on_an_unknown_model(buggy_repo):
