@@ -42,7 +42,8 @@ def build_parser() -> Parser:
         epilog="Subcommands: `composer-agent demo`, `composer-agent eval SUITE`, `composer-agent index [--rebuild]`, `composer-agent search QUERY [-k N] [--json]`.",
     )
     p.add_argument("--version", action="version", version=f"composer-agent {__version__}")
-    p.add_argument("--task", metavar="TEXT", help="run this task headless and print the final answer")
+    p.add_argument("--task", metavar="TEXT",
+                   help="run this task headless and print the final answer (- reads it from stdin)")
     p.add_argument("--cwd", metavar="DIR", type=Path, help="workspace root (default: the current directory)")
     p.add_argument("--json", action="store_true", help="headless: print one JSON event per line on stdout")
     p.add_argument("--plain", action="store_true",
@@ -87,6 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     parser.json_errors = "--json" in argv
     args = parser.parse_args(argv)
+    if args.task == "-":  # the task from a pipe or a file: `composer-agent --task - < task.md`
+        if sys.stdin.isatty():
+            parser.error("--task - reads the task from stdin, but stdin is a terminal; pipe or redirect it in")
+        args.task = sys.stdin.read().rstrip()
+        if not args.task.strip():
+            parser.error("--task -: stdin is empty")
 
     from agent.config import ConfigError, endpoint_source, load_config
 

@@ -212,6 +212,32 @@ def test_json_mode_reports_usage_and_config_errors_on_stdout(buggy_repo, capsys,
     fails(["--task", "x"], "config", "max_turns")
 
 
+@pytest.mark.slow
+def test_task_dash_reads_the_task_from_stdin(buggy_repo):
+    task = "fix add in calc.py\n\nthe test is test_calc.py\n"
+    with ScriptedServer([{"content": "Read it."}]) as srv:
+        env = {**os.environ, "XDG_CONFIG_HOME": str(buggy_repo.parent / "xdg")}
+        p = subprocess.run(agent_cmd("--cwd", str(buggy_repo), "--task", "-", "--base-url", srv.base_url),
+                           input=task, capture_output=True, text=True, env=env, timeout=60)
+        assert p.returncode == 0, p.stderr
+        assert srv.chat_requests()[0]["messages"][-1]["content"] == task.rstrip()
+
+        p = subprocess.run(agent_cmd("--cwd", str(buggy_repo), "--task", "-", "--json", "--base-url", srv.base_url),
+                           input=" \n", capture_output=True, text=True, env=env, timeout=60)
+        assert p.returncode == 2 and "stdin is empty" in p.stderr
+        failure(p.stdout, "usage", "stdin is empty")
+
+        primary, secondary = os.openpty()  # a real terminal on stdin: nobody is going to type a task there
+        try:
+            p = subprocess.run(agent_cmd("--cwd", str(buggy_repo), "--task", "-", "--base-url", srv.base_url),
+                               stdin=secondary, capture_output=True, text=True, env=env, timeout=60)
+        finally:
+            os.close(primary)
+            os.close(secondary)
+        assert p.returncode == 2 and "stdin is a terminal" in p.stderr
+        assert len(srv.chat_requests()) == 1
+
+
 def test_exit_2_on_an_unknown_model(buggy_repo):
     with ScriptedServer([{"content": "never"}]) as srv:
         p = run_agent(buggy_repo, "--task", "x", "--base-url", srv.base_url, "--model", "gpt-nope")
