@@ -253,6 +253,21 @@ def test_a_failed_or_slow_server_is_a_warning_and_the_others_still_work(tmp_path
     assert subprocess.run(["pgrep", "-f", "# silent"], capture_output=True).returncode == 1  # stopped
 
 
+def test_front_ends_show_the_warning():
+    import io
+
+    from agent.headless import Progress
+    from agent.plain.printer import Printer
+    from agent.protocol import Notice
+    from agent.render import Status
+
+    notice = Notice("warning", "MCP server x did not start within 1 s; its tools are not available.")
+    for show in (lambda out: Printer(out, False, Status()), Progress):
+        out = io.StringIO()
+        show(out)(notice)
+        assert "MCP server x did not start" in out.getvalue()
+
+
 # -- streamable HTTP --------------------------------------------------------------------------------
 
 
