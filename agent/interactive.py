@@ -9,6 +9,7 @@ agent.commands (light, so input boxes can complete them before the controller is
 from __future__ import annotations
 
 import io
+import shlex
 import time
 from collections.abc import Callable
 from contextlib import redirect_stderr, redirect_stdout
@@ -91,6 +92,15 @@ class Interactive:
 
     def close(self) -> None:
         self.rt.session.close()
+
+    def resume_hint(self) -> str | None:
+        """The command that continues this conversation later; None when nothing was said in it."""
+        session = self.rt.session
+        if not any(session.counts.values()):
+            return None
+        # Sessions live under the workspace: from another folder the command needs --cwd to find it.
+        where = "" if self.root == Path.cwd().resolve() else f" --cwd {shlex.quote(str(self.root))}"
+        return f"To continue this session: composer-agent{where} --resume {session.id}"
 
     # -- slash commands -------------------------------------------------------------------------------
 

@@ -90,6 +90,9 @@ class LineMode:
             return self._loop()
         finally:
             c.close()
+            hint = c.resume_hint()
+            if hint:
+                self.printer.line(hint, "dim")
 
     def _loop(self) -> int:
         assert self.controller is not None and self.reader is not None

@@ -18,4 +18,7 @@ def run(config: Config, root: Path, *, resume: str | None = None) -> int:
 
     app = ComposerApp(connect, root=root, approval=config.approval)
     code = app.run()
+    hint = app.controller.resume_hint() if app.controller is not None else None
+    if hint:  # printed once the full screen is gone, so it stays in the terminal's scrollback
+        print(hint)
     return code or 0

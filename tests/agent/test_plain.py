@@ -201,6 +201,15 @@ def test_piped_stdin_reads_one_message_per_line_and_answers_from_it(repo):
     assert proc.returncode == 0, proc.stderr
     assert "Run this command?" in proc.stdout and "Made it." in proc.stdout and "\x1b[" not in proc.stdout
     assert (repo / "piped.txt").read_text() == "hi\n"
+    # Leaving says how to come back to this conversation (the session written under --cwd).
+    (session,) = (repo / ".composer" / "sessions").glob("*.jsonl")
+    hint = f"composer-agent --cwd {repo} --resume {session.stem}"
+    assert proc.stdout.rstrip().endswith(hint)
+
+    with ScriptedServer([]) as srv:  # nothing said: nothing to resume, no hint
+        proc = subprocess.run([sys.executable, "-m", "agent.cli", "--cwd", str(repo), "--base-url", srv.base_url],
+                              input="", capture_output=True, text=True, env=env, timeout=30)
+    assert proc.returncode == 0 and "--resume" not in proc.stdout, proc.stdout
 
 
 def test_output_to_a_log_with_a_terminal_for_input_writes_plain_lines(repo, tmp_path):

@@ -56,6 +56,7 @@ def test_the_tui_in_a_real_terminal(git_repo):
         command = shlex.join(["env", f"PYTHONPATH={ROOT}", f"XDG_CONFIG_HOME={git_repo.parent / 'xdg'}",
                               sys.executable, "-m", "agent.cli", "--cwd", str(git_repo), "--base-url", srv.base_url,
                               "--approval", "auto"])
+        command += "; echo '[exited]'; sleep 30"  # the pane stays, to show what was printed on the way out
         try:
             assert tmux("new-session", "-d", "-s", "ui", "-x", "110", "-y", "32", command).returncode == 0
             tmux.wait_for("Ask Composer")
@@ -67,9 +68,8 @@ def test_the_tui_in_a_real_terminal(git_repo):
             assert "✓ read_file  hello.txt  lines 1–1 of 1" in screen
             assert "what does hello.txt say?" in screen
             tmux("send-keys", "-t", "ui", "C-d")
-            deadline = time.monotonic() + 10
-            while tmux.alive() and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert not tmux.alive(), f"Ctrl+D did not quit the app:\n{tmux.screen()}"
+            screen = tmux.wait_for("[exited]", timeout=10)
+            (session,) = (git_repo / ".composer" / "sessions").glob("*.jsonl")
+            assert f"composer-agent --cwd {git_repo} --resume {session.stem}" in screen.replace("\n", "")
         finally:
             tmux("kill-server")
