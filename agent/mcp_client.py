@@ -221,6 +221,7 @@ class Hub:
         self.servers = [s for s in servers if s.enabled]
         self.root, self.log_dir = root, log_dir
         log_dir.mkdir(parents=True, exist_ok=True)
+        _log_sdk_to(log_dir / "client.log")
         self.tools: list[Tool] = []
         self.warnings: list[str] = []
         self._clients: dict[str, Any] = {}
@@ -348,6 +349,7 @@ class Hub:
         return self.log_dir / f"{server.name}.log"
 
     def _log_hint(self, server: ServerConfig) -> str:
+        """The end of a stdio server's stderr, which usually says why it failed."""
         if server.kind != "stdio":
             return ""
         path = self._log_path(server)
@@ -355,8 +357,10 @@ class Hub:
             tail = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()][-3:]
         except OSError:
             return ""
+        if not tail:
+            return ""
         shown = "".join(f"\n  {ln[:200]}" for ln in tail)
-        return f" Its stderr is in {path}" + (f"; it ends:{shown}" if tail else ".")
+        return f" Its stderr ({path}) ends:{shown}"
 
     def _stop(self, name: str) -> None:
         scope = self._scopes.get(name)
@@ -460,6 +464,19 @@ class Hub:
                 "interrupted by the user", interrupted=True, server=server.name, tool=tool
             )
         return observation(result, server.name, tool)
+
+
+def _log_sdk_to(path: Path) -> None:
+    """The SDK's own log lines (a server writing junk to stdout, an odd SSE event) go to a file:
+    on stderr they would land in headless output and across the TUI."""
+    import logging
+
+    logger = logging.getLogger("mcp")
+    if not logger.handlers:
+        handler = logging.FileHandler(path)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
 
 
 # -- one set of connections per process --------------------------------------------------------------

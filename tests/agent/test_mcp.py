@@ -228,14 +228,14 @@ def test_interrupt_stops_waiting_for_a_call(stdio_hub, tmp_path):
     assert not r.ok and r.data.get("interrupted") and time.monotonic() - start < 2
 
 
-def test_a_failed_or_slow_server_is_a_warning_and_the_others_still_work(tmp_path):
+def test_a_failed_or_silent_server_is_one_warning_and_no_tools(tmp_path, capfd):
     servers = parse_servers(
         {
             "missing": {"command": str(tmp_path / "no-such-server")},
             "crashes": {"command": sys.executable, "args": ["-c", "import sys; sys.exit('bad token')"]},
             "silent": {
                 "command": sys.executable,
-                "args": ["-c", "import sys; sys.stdin.read()  # silent"],
+                "args": ["-c", "import sys; print('not JSON-RPC', flush=True); sys.stdin.read()  # silent"],
                 "startup_timeout_s": 0.5,
             },
         }
@@ -251,6 +251,12 @@ def test_a_failed_or_slow_server_is_a_warning_and_the_others_still_work(tmp_path
     assert "MCP server crashes failed to start" in warnings and "bad token" in warnings  # its stderr's tail
     assert "MCP server silent did not start within 0.5 s" in warnings
     assert subprocess.run(["pgrep", "-f", "# silent"], capture_output=True).returncode == 1  # stopped
+    # The SDK's complaint about the junk line went to its log file, not to our stderr.
+    import logging
+
+    sdk_log = Path(logging.getLogger("mcp").handlers[0].baseFilename)
+    assert "Failed to parse JSONRPC message" in sdk_log.read_text()
+    assert "Failed to parse" not in capfd.readouterr().err
 
 
 def test_front_ends_show_the_warning():
