@@ -4,6 +4,7 @@
     composer-train sft --model DIR --out OUT SESSION.jsonl|DIR ...
     composer-train check SESSION.jsonl --model DIR
     composer-train expert-data SUITE --model DIR --out OUT    # token-exact SFT data from the scripted expert
+    composer-train recipe tiny --out DIR [--seed S] [--smoke]  # expert data -> tokenizer -> SFT -> RL -> eval -> export
 
 Exit codes: 0 done, 1 a check failed, 2 bad usage or input (the message says which).
 """
@@ -62,6 +63,34 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--concurrency", type=int, default=4)
     exp.add_argument("--limit", type=int, help="only the first N tasks")
 
+    rec = sub.add_parser("recipe", help="train a model end to end: expert data, tokenizer, SFT, RL, held-out eval, export")
+    rec.add_argument("name", choices=["tiny"], help="the recipe (tiny: a few-million-parameter MoE on CPU)")
+    rec.add_argument("--out", required=True, help="run folder (stages already done there are skipped)")
+    rec.add_argument("--seed", type=int)
+    rec.add_argument("--data", help="folder for expert data + tokenizer, shareable between seeds (default OUT/data)")
+    rec.add_argument("--smoke", action="store_true", help="toy sizes: every stage runs in about a minute")
+    rec.add_argument("--families", help="comma-separated synthetic families")
+    rec.add_argument("--sizes", help="comma-separated sizes of the SFT training split (small,medium,large)")
+    rec.add_argument("--train-seeds", dest="train_seeds", type=int, help="seeds per family and size for SFT")
+    rec.add_argument("--vocab-size", dest="vocab_size", type=int)
+    rec.add_argument("--hidden-size", dest="hidden_size", type=int)
+    rec.add_argument("--layers", dest="num_hidden_layers", type=int)
+    rec.add_argument("--experts", dest="num_experts", type=int)
+    rec.add_argument("--model-families", dest="model_families", help="comma-separated families SFT, RL and eval use (default all)")
+    rec.add_argument("--sft-epochs", dest="sft_epochs", type=int)
+    rec.add_argument("--sft-lr", dest="sft_lr", type=float)
+    rec.add_argument("--rl-steps", dest="rl_steps", type=int)
+    rec.add_argument("--rl-lr", dest="rl_lr", type=float)
+    rec.add_argument("--rl-sizes", dest="rl_sizes", help="comma-separated sizes RL trains on")
+    rec.add_argument("--group-size", dest="rl_group_size", type=int)
+    rec.add_argument("--groups-per-step", dest="rl_groups_per_step", type=int)
+    rec.add_argument("--advantage", choices=["grpo", "rloo"])
+    rec.add_argument("--control", choices=["none", "zero"], help="zero: every reward (so every advantage) is 0")
+    rec.add_argument("--eval-seeds", dest="eval_seeds", type=int, help="held-out seeds per family and size")
+    rec.add_argument("--eval-sizes", dest="eval_sizes", help="comma-separated held-out sizes")
+    rec.add_argument("--skip-rl", dest="skip_rl", action="store_true", default=None, help="stop after SFT")
+    rec.add_argument("--concurrency", type=int, help="episodes at once when recording and evaluating")
+
     chk = sub.add_parser("check", help="verify a trajectory is token-exact for a model; report the log-prob gap")
     chk.add_argument("session", help="session JSONL recorded with --record-tokens")
     chk.add_argument("--model", required=True, help="the checkpoint that served it")
@@ -74,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"rl": _rl, "sft": _sft, "check": _check, "expert-data": _expert_data}[args.command](args)
+        return {"rl": _rl, "sft": _sft, "check": _check, "expert-data": _expert_data,
+                "recipe": _recipe}[args.command](args)
     except (ValueError, FileNotFoundError) as e:  # bad input: a clear message, no traceback
         print(f"composer-train: error: {e}", file=sys.stderr)
         return 2
@@ -175,6 +205,16 @@ def _expert_data(args) -> int:
     report = record(_model_dir(args.model), tasks[: args.limit] if args.limit else tasks, args.out, args.concurrency)
     print(f"composer-train: {report['overall']['episodes']} expert episodes (pass@1 {report['overall'].get('pass@1')}); "
           f"sessions in {Path(args.out) / 'sessions'}")
+    return 0
+
+
+def _recipe(args) -> int:
+    from train.recipe import recipe_from_args, run
+
+    summary = run(recipe_from_args(args), args.out, args.data)
+    print(f"composer-train: held-out pass@1 after SFT {summary['sft']['pass@1']}"
+          + (f", after RL {summary['rl']['pass@1']}" if "rl" in summary else "")
+          + f"; serving checkpoint in {summary['export']}")
     return 0
 
 
