@@ -1,6 +1,7 @@
 """Rollout workers on a local Ray cluster (and on the local process pool, the same code): an RL step end
-to end with 2 actors against the scripted expert token server, and a worker killed mid-episode that
-loses no finished trajectory and fails nothing."""
+to end with 2 actors against a scripted token server (the expert token server answering "Done." after
+a pause: short episodes, long enough to be killed in the middle), and a worker killed mid-episode
+that loses no finished trajectory and fails nothing."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 
 import pytest
 
-from agent.tasks.suites import synthetic
+from agent.tasks import Task
 from agent.tools import default_registry
 from train.distributed.rollouts import DistributedRollouts
 from train.expert_data import ExpertTokenServer
@@ -23,16 +24,16 @@ ray = pytest.importorskip("ray")
 
 
 class SyncedExpert(ExpertTokenServer):
-    """The scripted expert, plus the load-from-disk endpoint (it records the versions it was given) and
-    an optional delay per answer so that an episode lasts long enough to be killed in the middle."""
+    """Answers every turn with "Done." after `delay_s`, in the model's own chat format with token ids,
+    and serves the load-from-disk endpoint (recording the versions it was given)."""
 
-    def __init__(self, model_dir, tasks, delay_s: float = 0.0):
-        super().__init__(model_dir, tasks)
+    def __init__(self, model_dir, delay_s: float = 0.0):
+        super().__init__(model_dir, [])
         self.delay_s, self.loaded = delay_s, []
 
     def completion(self, messages, tools) -> str:
         time.sleep(self.delay_s)
-        return super().completion(messages, tools)
+        return self.completion_text(messages, tools, {"content": "Done."})
 
     def _handler(self):
         server, base = self, super()._handler()
@@ -59,36 +60,42 @@ def ray_cluster():
     ray.shutdown()
 
 
-def tasks():
-    return synthetic(range(1), sizes=("small",))  # 4 tasks, one per family
+@pytest.fixture
+def tasks(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.py").write_text("x = 1\n")
+    return [Task(f"t{i}", f"look at a.py ({i})", "true", workspace=str(ws), max_turns=2) for i in range(2)]
 
 
 @pytest.mark.slow
-def test_rl_step_end_to_end_with_two_ray_actors(tiny, tmp_path, ray_cluster):
-    with SyncedExpert(tiny, tasks()) as srv:
+def test_rl_step_end_to_end_with_two_ray_actors(tiny, tmp_path, ray_cluster, tasks):
+    with SyncedExpert(tiny) as srv:
         cfg = RLConfig(steps=1, group_size=2, groups_per_step=2, workers=2, max_staleness=0, backend="ray")
         hist = run(
             tiny,
-            tasks(),
+            tasks,
             tmp_path / "run",
             cfg,
             trainer_cfg=TrainerConfig(lr=1e-3, mxfp8_experts=False),
             base_url=srv.base_url,
             served_name=srv.name,
-            progress=Progress(1, out=open("/dev/null", "w")),
-        )  # noqa: SIM115
+            progress=Progress(1, out=open("/dev/null", "w")),  # noqa: SIM115
+        )
         assert srv.loaded and srv.loaded[-1][1] == 1  # the new weights went to the server after the step
     m = hist[0]
-    assert m["episodes"] == 4 and m["infra_masked"] == 0 and m["pass_rate"] == 1.0
+    assert (
+        m["episodes"] == 4 and m["infra_masked"] == 0 and m["pass_rate"] == 1.0 and m["groups_skipped"] == 0
+    )
     assert m["train_tokens"] > 0 and m["policy_version"] == 0
     assert len(list((tmp_path / "run" / "trajectories" / "batch-0").glob("*.jsonl"))) == 4
 
 
-def rollouts(tiny, out, srv, backend, workers=2, episodes=6):
+def rollouts(tasks, out, srv, backend, workers=2, episodes=6):
     cfg = RLConfig(steps=1, group_size=episodes // 2, groups_per_step=2, workers=workers, max_staleness=0)
     rollout = RolloutConfig(srv.base_url, srv.name, max_output_tokens=64, sandbox=False)
     return DistributedRollouts(
-        tasks(),
+        tasks,
         cfg,
         rollout,
         RewardConfig(),
@@ -103,17 +110,18 @@ def rollouts(tiny, out, srv, backend, workers=2, episodes=6):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["ray", "processes"])
-def test_killed_worker_loses_no_finished_episode(tiny, tmp_path, backend, request):
+def test_killed_worker_loses_no_finished_episode(tiny, tmp_path, backend, request, tasks):
     if backend == "ray":
         request.getfixturevalue("ray_cluster")
-    with SyncedExpert(tiny, tasks(), delay_s=0.15) as srv:
-        ro = rollouts(tiny, tmp_path, srv, backend)
+    with SyncedExpert(tiny, delay_s=1.0) as srv:
+        ro = rollouts(tasks, tmp_path / "out", srv, backend)
         try:
             deadline = time.monotonic() + 60
             while not ro.done.get(0) and time.monotonic() < deadline:  # at least one episode finished
                 time.sleep(0.05)
+            time.sleep(0.2)  # the worker that finished took the next episode: it is waiting on its 1 s answer
             finished = [ep.session_path for ep in ro.done[0]]
-            victim = next(w for w in sorted(ro.assigned))  # a worker in the middle of an episode
+            victim, (job, _) = max(ro.assigned.items(), key=lambda kv: kv[1][0].queued_at)
             ro.backend.kill(victim)
             episodes, _ = ro.batch(0)
         finally:
@@ -122,5 +130,4 @@ def test_killed_worker_loses_no_finished_episode(tiny, tmp_path, backend, reques
     assert all(ep.infra_error is None and ep.passed for ep in episodes), [ep.infra_error for ep in episodes]
     assert set(finished) <= {ep.session_path for ep in episodes}
     assert ro.stats["workers_replaced"] == 1 and ro.stats["retried"] == 1 and ro.stats["masked"] == 0
-    keys = [t for t in ro.timings]
-    assert len(keys) == 6 and all(t["episode_s"] > 0 for t in keys)
+    assert job.key in ro.recorded and len(ro.timings) == 6 and all(t["episode_s"] > 0 for t in ro.timings)
