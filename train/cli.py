@@ -41,8 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
     rl.add_argument("--aggregation", choices=["token_sum", "token_mean", "seq_mean"], default="token_sum")
     rl.add_argument("--no-mxfp8", action="store_true", help="train and save experts in full precision")
     rl.add_argument("--config", help="TOML with [loss] and [reward] tables (fields of LossConfig, RewardConfig)")
-    rl.add_argument("--base-url", help="sample from this server instead of launching composer-serve "
-                    "(it must support /v1/load_weights and see the run folder)")
+    rl.add_argument("--base-url", action="append", help="sample from this server instead of launching composer-serve "
+                    "(it must support /v1/load_weights and see the run folder); repeat for several servers: "
+                    "each episode sticks to the least-loaded one, every one gets the new weights")
+    rl.add_argument("--backend", choices=["threads", "processes", "ray"], default="threads",
+                    help="where episodes run: threads here, a local process pool, or Ray actors (composer[ray]; "
+                    "RAY_ADDRESS joins a cluster); see docs/scaling.md")
     rl.add_argument("--api-key", help="the --base-url server's key")
     rl.add_argument("--resume", action="store_true", help="continue from the run folder's last checkpoint")
 
@@ -132,7 +136,8 @@ def _rl(args) -> int:
     reward = RewardConfig.from_dict(extra.get("reward", {}))
     cfg = RLConfig(steps=args.steps, group_size=args.group_size, groups_per_step=args.groups_per_step,
                    max_staleness=args.max_staleness, workers=args.workers, seed=args.seed,
-                   save_every=args.save_every, temperature=args.temperature, max_output_tokens=args.max_output_tokens)
+                   save_every=args.save_every, temperature=args.temperature, max_output_tokens=args.max_output_tokens,
+                   backend=args.backend)
     trainer = TrainerConfig(lr=args.lr, seed=args.seed, mxfp8_experts=not args.no_mxfp8)
     history = run(_model_dir(args.model), load_tasks(args.tasks), args.out, cfg, trainer_cfg=trainer, loss=loss,
                   reward=reward, resume=args.resume, base_url=args.base_url, api_key=args.api_key)
