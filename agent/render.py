@@ -292,8 +292,10 @@ def approval_preview(
         verb = {True: "Create", False: "Overwrite"}.get(created, "Write")  # type: ignore[arg-type]
         question = f"{verb} {path} ({n} lines)?"
         sketch = [("add", f"+{ln}") for ln in str(args.get("content", "")).splitlines()]
-    else:
-        return Preview(f"Allow {name} {call_brief(name, args)}?", [])
+    else:  # e.g. an MCP server's tool: the user sees every argument it will be sent
+        shown = json.dumps(args, indent=2, ensure_ascii=False).splitlines() if args else []
+        return Preview(f"Allow {name} {call_brief(name, args)}?",
+                       _capped([("context", ln) for ln in shown], APPROVAL_PREVIEW_LINES))
     if error is not None:
         return Preview(
             question,

@@ -207,12 +207,18 @@ def test_approvals_treat_mcp_tools_like_shell(stdio_hub, tmp_path):
     assert not refused.ok and "read-only" in refused.content and not target.exists()
     assert call(executor(stdio_hub, tmp_path, approve=Approvals("read-only")), "fx__lookup", key="answer").ok
 
-    asked = []
-    ask = Approvals(
-        "ask", ask=lambda c, tool, a, *preview: asked.append(tool.name) or Decision("no", "not now")
-    )
+    asked, previews = [], []
+
+    def ask_user(c, tool, a, preview):
+        asked.append(tool.name)
+        previews.append(preview)
+        return Decision("no", "not now")
+
+    ask = Approvals("ask", ask=ask_user)
     declined = call(executor(stdio_hub, tmp_path, approve=ask), "fx__append_note", **args)
     assert asked == ["fx__append_note"] and "not now" in declined.content and not target.exists()
+    shown = "\n".join(text for _, text in previews[0].lines)  # the question shows every argument
+    assert previews[0].question.startswith("Allow fx__append_note") and json.loads(shown) == args
     call(executor(stdio_hub, tmp_path, approve=ask), "fx__lookup", key="answer")
     assert asked == ["fx__append_note"]  # read-only tools are not asked about
 
