@@ -59,9 +59,11 @@ def sandbox_available() -> bool:
 
 
 def episode_config(base: Config, task: Task, sandbox: bool | None = None) -> Config:
-    """The run's configuration with the task's limits (and the sandbox where it can be had)."""
+    """The run's configuration with the task's limits (and the sandbox where it can be had). Episodes use
+    Composer's own tools only: a user's MCP servers would change the spec hash training expects (and be
+    started again for every fresh workspace)."""
     return replace(base, max_turns=task.max_turns, max_time_s=task.max_time_s, token_budget=task.token_budget,
-                   approval="auto", sandbox=sandbox_available() if sandbox is None else sandbox)
+                   approval="auto", sandbox=sandbox_available() if sandbox is None else sandbox, mcp_servers={})
 
 
 def run_episode(task: Task, config: Config, *, keep_dir: Path | None = None, label: str = "",

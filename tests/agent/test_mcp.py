@@ -124,6 +124,14 @@ def test_repo_servers_merge_with_the_users(tmp_path, monkeypatch):
     assert servers["gh"].args == ["--repo", "."] and servers["docs"].kind == "http"
 
 
+def test_evaluation_episodes_use_only_composers_tools():
+    from agent.tasks.runner import episode_config
+    from agent.tasks.spec import Task
+
+    task = Task(id="t", prompt="p", verify="true", workspace="w")
+    assert episode_config(Config(mcp_servers={"fx": STDIO}), task, sandbox=False).mcp_servers == {}
+
+
 def test_tool_names_fit_the_openai_charset():
     assert tool_name("fx", "lookup", set()) == "fx__lookup"
     assert tool_name("fx", "odd.name with spaces", set()) == "fx__odd_name_with_spaces"
