@@ -1,5 +1,8 @@
 """Semantic search benchmarks: retrieval quality, build throughput, incremental sync, query latency.
 
+    python bench/search.py multi    [--work DIR] [--model M] [--langs c,java,...]
+                                                   partially documented code in six languages, ours vs
+                                                   the naive baseline (bench/search_eval.py)
     python bench/search.py quality  [--work DIR]   docstring -> function on the stdlib (bench/corpus.py)
     python bench/search.py build    [--work DIR]   full build of the unmodified stdlib: chunks/s, memory
     python bench/search.py sync     [--work DIR]   change one file of the built stdlib index, re-sync
@@ -29,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import corpus as corpus_mod  # noqa: E402
-from index.code_index import CodeIndex, Weights  # noqa: E402
+from index.code_index import CodeIndex, Weights, collapse  # noqa: E402
 
 DEFAULT_WORK = Path("/tmp/composer-bench-index")
 
@@ -94,7 +97,7 @@ def cmd_quality(args) -> None:
     t = time.monotonic()
     cands = ix.candidates([q.query for q in queries], 100)
     print(f"retrieval: {len(queries)} queries in {time.monotonic() - t:.1f}s")
-    ids = sorted({i for d, lx in cands for i in d[0] + lx[0]})
+    ids = sorted({i for d, lx, dc in cands for i in d[0] + lx[0] + dc[0]})
     rows = ix.chunks(ids)
     # Tune fusion on one half of the queries and report on the other; split by file, so the two halves
     # share no code.
@@ -105,13 +108,14 @@ def cmd_quality(args) -> None:
     def evaluate(idx: list[int], w: Weights | str) -> dict[str, float]:
         ranked = []
         for i in idx:
-            d, lx = cands[i]
-            ids = d[0] if w == "dense" else lx[0] if w == "bm25" else [c for c, _ in w.fuse(d, lx)]
+            d, lx, dc = cands[i]
+            ids = d[0] if w == "dense" else lx[0] if w == "bm25" else \
+                [c for c, _ in collapse(w.fuse(d, lx, dc), rows)]
             ranked.append(_flags(ids, queries[i], rows))
         return metrics(ranked)
 
     grids = {
-        "rrf": [Weights("rrf", wd, 1.0, k) for wd in (0.5, 0.75, 1.0, 1.25, 1.5, 2.0) for k in (2, 5, 10, 20, 60)],
+        "rrf": [Weights("rrf", wd, 1.0, k=k) for wd in (0.5, 0.75, 1.0, 1.25, 1.5, 2.0) for k in (2, 5, 10, 20, 60)],
         "sum": [Weights("sum", a, round(1 - a, 2)) for a in (0.3, 0.4, 0.5, 0.6, 0.65, 0.7, 0.75, 0.8, 0.9)],
     }
     tuned = {m: max(g, key=lambda w: evaluate(dev, w)["MRR@10"]) for m, g in grids.items()}
@@ -123,7 +127,7 @@ def cmd_quality(args) -> None:
         "dense only (test half)": evaluate(test, "dense"),
         "BM25 only (test half)": evaluate(test, "bm25"),
         f"hybrid, shipped default {_describe(shipped)} (test half)": evaluate(test, shipped),
-        "hybrid RRF k=60 weights 1/1, untuned (test half)": evaluate(test, Weights("rrf", 1.0, 1.0, 60)),
+        "hybrid RRF k=60 weights 1/1, untuned (test half)": evaluate(test, Weights("rrf", 1.0, 1.0, k=60)),
     }
     for m, w in tuned.items():
         results[f"hybrid {m} tuned on dev: {_describe(w)} (test half)"] = evaluate(test, w)
@@ -141,6 +145,159 @@ def _describe(w: Weights) -> str:
     if w.method == "rrf":
         return f"RRF(dense {w.dense:g}, BM25 {w.lexical:g}, k={w.k:g})"
     return f"sum(dense {w.dense:g}, BM25 {w.lexical:g})"
+
+
+# -- multi-language, partially documented ----------------------------------------------------------
+
+class CachedEmbedder:
+    """An embedder whose vectors are kept on disk by text, so re-running the evaluation after a
+    change to ranking does not embed unchanged texts again. Timings are only reported uncached."""
+
+    def __init__(self, emb, path: Path):
+        self.emb, self.path = emb, path
+        self.name, self.dim, self.max_tokens = emb.name, emb.dim, emb.max_tokens
+        self.count_tokens = emb.count_tokens
+        self.cache: dict[bytes, object] = {}
+        self.misses = 0
+        if path.exists():
+            import numpy as np
+
+            with np.load(path) as z:
+                self.cache = dict(zip((bytes(k) for k in z["keys"]), z["vecs"], strict=True))
+
+    def encode(self, texts, *, on_batch=None):
+        import hashlib
+
+        import numpy as np
+
+        keys = [hashlib.blake2b(t.encode("utf-8", "surrogatepass"), digest_size=16).digest() for t in texts]
+        missing = sorted({k: i for i, k in enumerate(keys) if k not in self.cache}.values())
+        if missing:
+            vecs = self.emb.encode([texts[i] for i in missing], on_batch=on_batch)
+            self.cache.update((keys[i], v) for i, v in zip(missing, vecs, strict=True))
+            self.misses += len(missing)
+        return np.stack([self.cache[k] for k in keys]) if keys else np.zeros((0, self.dim), np.float32)
+
+    def save(self) -> None:
+        import numpy as np
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        keys = list(self.cache)
+        np.savez(self.path, keys=np.array([np.frombuffer(k, np.uint8) for k in keys]),
+                 vecs=np.stack([self.cache[k] for k in keys]))
+
+
+def _overlaps(path: str, start: int, end: int, q) -> bool:
+    return path == q.path and start <= q.end_line and end >= q.start_line
+
+
+def cmd_multi(args) -> None:
+    import json
+
+    import numpy as np
+
+    from bench import search_corpora
+    from bench import search_eval as se
+    from index.embed import load_embedder
+    from index.fusion import rrf
+
+    langs = args.langs.split(",") if args.langs else ["python", *search_corpora.LANGUAGES]
+    print(f"machine: {machine()}; load average {os.getloadavg()[0]:.1f}")
+    rss0 = peak_rss_mib()
+    t = time.monotonic()
+    base = load_embedder(args.model)
+    _ = base.model  # load the weights now, to time them
+    load_s = time.monotonic() - t
+    slug = Path(base.name).name.replace("/", "_")
+    # Embedding speed on real chunks (the C corpus as the index cuts it), uncached.
+    from index.sync import chunk_for, embed_text
+
+    src = search_corpora.corpus_dir("c")
+    sample = []
+    for p in search_corpora.source_files(src)[:12]:
+        rel = p.relative_to(src).as_posix()
+        sample += [embed_text(rel, c.symbol, c.code, c.context) for c in chunk_for(rel, p.read_text(), base)]
+    sample = sample[:256]
+    base.encode(sample[:16])
+    t = time.monotonic()
+    base.encode(sample)
+    speed = len(sample) / (time.monotonic() - t)
+    print(f"embedder {base.name} ({base.dtype}, dim {base.dim}, max {base.max_tokens} tokens): load "
+          f"{load_s:.1f}s, +{peak_rss_mib() - rss0:.0f} MiB peak RSS, {speed:.1f} chunks/s on {len(sample)} "
+          f"C chunks ({np.mean(base.count_tokens(sample)):.0f} tokens avg)")
+    emb = CachedEmbedder(base, args.work / "vector-cache" / f"{slug}.npz") if not args.no_cache else base
+    modes = ["naive dense", "naive BM25", "naive RRF", "ours dense", "ours lexical", "ours doc",
+             "ours fused"]
+    table: dict[str, dict[str, dict[str, float]]] = {}
+    pooled: dict[str, list[list[bool]]] = {m: [] for m in modes}
+    per_query: list[tuple[str, str, object]] = []  # (lang, path, (cands, rows, q)) for tuning
+    for lang in langs:
+        root, queries, units = se.build(lang, args.work / "multi" / lang)
+        ix = CodeIndex(root, embedder=emb, index_dir=args.work / "multi" / lang / f"index-{slug}")
+        t = time.monotonic()
+        report = ix.sync(progress=_progress)
+        print(f"{lang}: {len(queries)} queries, {report.indexed_files} files, {report.chunks} chunks "
+              f"({time.monotonic() - t:.0f}s), naive baseline {len(units)} functions", flush=True)
+        cands = ix.candidates([q.query for q in queries], 100)
+        rows = ix.chunks(sorted({i for c in cands for r in c for i in r[0]}))
+        n_dense, n_bm25 = se.naive_rankings(units, queries, emb)
+        flags: dict[str, list[list[bool]]] = {m: [] for m in modes}
+        w = Weights()
+        for qi, q in enumerate(queries):
+            d, lx, dc = cands[qi]
+
+            def mark(ids: list[int], q=q, rows=rows) -> list[bool]:
+                return [_overlaps(rows[c].path, rows[c].start_line, rows[c].end_line, q) for c in ids[:10]]
+
+            def unit_flags(idx: list[int], q=q, units=units) -> list[bool]:
+                return [_overlaps(units[i].path, units[i].start_line, units[i].end_line, q) for i in idx[:10]]
+
+            flags["naive dense"].append(unit_flags(n_dense[qi]))
+            flags["naive BM25"].append(unit_flags(n_bm25[qi]))
+            flags["naive RRF"].append(unit_flags([i for i, _ in rrf([(n_dense[qi], 1.0), (n_bm25[qi], 1.0)])]))
+            flags["ours dense"].append(mark([c for c, _ in collapse([(c, 0.0) for c in d[0]], rows)]))
+            flags["ours lexical"].append(mark([c for c, _ in collapse([(c, 0.0) for c in lx[0]], rows)]))
+            flags["ours doc"].append(mark([c for c, _ in collapse([(c, 0.0) for c in dc[0]], rows)]))
+            flags["ours fused"].append(mark([c for c, _ in collapse(w.fuse(d, lx, dc), rows)]))
+            per_query.append((lang, q.path, (d, lx, dc, rows, q)))
+        table[lang] = {m: metrics(f) for m, f in flags.items()}
+        table[lang]["n"] = {"queries": len(queries)}
+        for m in modes:
+            pooled[m] += flags[m]
+        ix.close()
+    if isinstance(emb, CachedEmbedder):
+        emb.save()
+    table["overall"] = {m: metrics(pooled[m]) for m in modes}
+    table["overall"]["n"] = {"queries": len(pooled[modes[0]])}
+    print("\nMRR@10 / Recall@10 (points); a result is right when it overlaps the function")
+    print(f"{'language':<11} {'n':>4} " + " ".join(f"{m:>14}" for m in modes))
+    for lang, res in table.items():
+        cells = " ".join(f"{res[m]['MRR@10']:6.1f}/{res[m]['R@10']:5.1f}  " for m in modes)
+        print(f"{lang:<11} {res['n']['queries']:4d} {cells}")
+    macro = {m: float(np.mean([table[lg][m]["MRR@10"] for lg in langs])) for m in modes}
+    print("macro MRR@10 (mean over languages): " + ", ".join(f"{m} {v:.1f}" for m, v in macro.items()))
+    # Fusion weights tuned on the development half (by file), reported on the test half.
+    dev = [x for x in per_query if zlib.crc32(x[1].encode()) % 2 == 0]
+    test = [x for x in per_query if zlib.crc32(x[1].encode()) % 2 == 1]
+
+    def score(items, w: Weights) -> float:
+        out = []
+        for _, _, (d, lx, dc, rows, q) in items:
+            ids = [c for c, _ in collapse(w.fuse(d, lx, dc), rows)][:10]
+            out.append([_overlaps(rows[c].path, rows[c].start_line, rows[c].end_line, q) for c in ids])
+        return metrics(out)["MRR@10"]
+
+    grid = [Weights("sum", a, round(1 - a, 2), doc) for a in (0.5, 0.6, 0.65, 0.7, 0.8)
+            for doc in (0.0, 0.05, 0.1, 0.2, 0.3)]
+    best = max(grid, key=lambda w: score(dev, w))
+    print(f"fusion tuned on the dev half ({len(dev)} queries): dense {best.dense:g}, lexical "
+          f"{best.lexical:g}, doc {best.doc:g}: test half {score(test, best):.1f} MRR@10 vs shipped "
+          f"{score(test, Weights()):.1f} ({len(test)} queries)")
+    print("  dev grid: " + ", ".join(f"{w.dense:g}/{w.lexical:g}/{w.doc:g}={score(dev, w):.1f}" for w in grid))
+    out = args.work / f"multi-results-{slug}.json"
+    out.write_text(json.dumps({"model": base.name, "load_s": load_s, "chunks_per_s": speed,
+                               "table": table, "macro": macro}, indent=2))
+    print(f"written {out}; peak RSS {peak_rss_mib():.0f} MiB")
 
 
 # -- build, sync, latency ------------------------------------------------------------------------------
@@ -309,7 +466,7 @@ def cmd_repo(args) -> None:
     if not cases:
         return
     cands = ix.candidates([s for s, _, _ in cases], 200)
-    rows = ix.chunks(sorted({i for d, lx in cands for i in d[0] + lx[0]}))
+    rows = ix.chunks(sorted({i for d, lx, dc in cands for i in d[0] + lx[0] + dc[0]}))
 
     def files_of(ids: list[int]) -> list[str]:
         seen: list[str] = []
@@ -320,11 +477,11 @@ def cmd_repo(args) -> None:
         return seen
 
     w = Weights()
-    for name, pick in (("dense only", lambda d, lx: d[0]), ("BM25 only", lambda d, lx: lx[0]),
-                       ("hybrid", lambda d, lx: [c for c, _ in w.fuse(d, lx)])):
+    for name, pick in (("dense only", lambda d, lx, dc: d[0]), ("BM25 only", lambda d, lx, dc: lx[0]),
+                       ("hybrid", lambda d, lx, dc: [c for c, _ in w.fuse(d, lx, dc)])):
         ranked, recall10 = [], 0.0
-        for (_, changed, _), (d, lx) in zip(cases, cands, strict=True):
-            files = files_of(pick(d, lx))[:10]
+        for (_, changed, _), (d, lx, dc) in zip(cases, cands, strict=True):
+            files = files_of(pick(d, lx, dc))[:10]
             ranked.append([f in changed for f in files])
             recall10 += len(changed.intersection(files)) / len(changed)
         m = metrics(ranked)
@@ -371,16 +528,19 @@ def cmd_all(args) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=["quality", "build", "sync", "latency", "repo", "embed", "all"])
+    p.add_argument("command", choices=["multi", "quality", "build", "sync", "latency", "repo", "embed", "all"])
     p.add_argument("--work", type=Path, default=DEFAULT_WORK, help="scratch folder (kept between runs)")
     p.add_argument("--limit", type=int, default=0, help="quality: evaluate at most this many queries")
     p.add_argument("--min-chunks", type=int, default=100_000, help="latency: index size to reach")
     p.add_argument("--repo", type=Path, help="repo: a git work tree with history")
     p.add_argument("--rev", default="HEAD", help="repo: the revision whose tree and history are used")
     p.add_argument("--max-commits", type=int, default=500)
+    p.add_argument("--model", help="multi: embedding model folder or name (default: the index's default)")
+    p.add_argument("--langs", help="multi: comma-separated languages (default: all)")
+    p.add_argument("--no-cache", action="store_true", help="multi: embed everything again")
     args = p.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    {"quality": cmd_quality, "build": cmd_build, "sync": cmd_sync, "latency": cmd_latency,
+    {"multi": cmd_multi, "quality": cmd_quality, "build": cmd_build, "sync": cmd_sync, "latency": cmd_latency,
      "repo": cmd_repo, "embed": cmd_embed, "all": cmd_all}[args.command](args)
 
 

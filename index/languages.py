@@ -61,6 +61,14 @@ DEFINITIONS: dict[str, frozenset[str]] = {
 
 # Nodes that wrap one definition and belong with it (decorators, `export`, `template <...>`).
 WRAPPERS = frozenset({"decorated_definition", "export_statement", "template_declaration"})
+# Definitions that hold others (classes, impls, modules): the chunker gives each member its own chunk
+# rather than one vector for the whole, so a member's vector describes that member.
+CONTAINERS = frozenset({"class_definition", "class_declaration", "abstract_class_declaration", "class",
+                        "class_specifier", "impl_item", "trait_item", "mod_item", "interface_declaration",
+                        "internal_module", "module", "namespace_definition", "enum_declaration",
+                        "record_declaration", "struct_specifier"})
+# Siblings that may stand between a doc comment and its definition (Rust `#[attr]`, C++ `[[attr]]`).
+ATTRIBUTES = frozenset({"attribute_item", "attribute_declaration"})
 # `const f = () => ...` is how much JS/TS defines functions.
 _JS_VALUE_DEFS = frozenset({"arrow_function", "function_expression", "function", "class",
                             "generator_function"})
@@ -115,6 +123,14 @@ def definition(node, lang: str) -> Definition | None:
             value = decls[0].child_by_field_name("value")
             if value is not None and value.type in _JS_VALUE_DEFS:
                 return Definition(_text(decls[0].child_by_field_name("name")), "function")
+        return None
+    if t == "expression_statement" and lang in ("javascript", "typescript", "tsx"):
+        # `res.send = function send(body) {...}`: how much older JS (express, lodash) defines methods.
+        a = node.named_children[0] if node.named_children else None
+        if a is not None and a.type == "assignment_expression":
+            right = a.child_by_field_name("right")
+            if right is not None and right.type in _JS_VALUE_DEFS:
+                return Definition(_text(a.child_by_field_name("left")), "function")
         return None
     if t not in DEFINITIONS[lang]:
         return None

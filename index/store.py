@@ -4,10 +4,11 @@ Layout of `<workspace>/.composer/index/`:
   meta.sqlite          files (path, size, mtime, content hash, status), chunks (id, path, lines, symbol,
                        text, hash of the embedded text) and info (model, dim, format, generation, next id)
   vectors-<gen>.faiss  IndexIDMap2 over IndexFlatIP; ids are chunk ids
-  lexical-<gen>.npz    BM25 term counts, rows are chunk ids
+  lexical-<gen>.npz    BM25 term counts of the code (and signatures, names), rows are chunk ids
+  doclex-<gen>.npz     BM25 term counts of the doc prose, a separate field, rows are chunk ids
   lock                 flock'd by the one process writing
 
-Atomicity: a writer first writes the next generation's two files (temp name, fsync, rename), then in
+Atomicity: a writer first writes the next generation's three files (temp name, fsync, rename), then in
 ONE SQLite transaction replaces the changed rows and sets `gen` to the new generation. SQLite makes
 that commit atomic, so a crash or kill at any point leaves either the old generation (whose files are
 only deleted after the commit) or the new one, never a mix. Readers take no lock: they read `gen`,
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # Bump when the chunker, the embedded text or the layout changes: an older index is then rebuilt.
-FORMAT = "composer-index-2"
+FORMAT = "composer-index-3"
 DB_NAME = "meta.sqlite"
 
 SCHEMA = """
@@ -35,7 +36,8 @@ CREATE TABLE IF NOT EXISTS files (
     status TEXT NOT NULL, n_chunks INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS chunks (
     id INTEGER PRIMARY KEY, path TEXT NOT NULL, start_line INTEGER NOT NULL, end_line INTEGER NOT NULL,
-    symbol TEXT NOT NULL, lang TEXT NOT NULL, text_hash TEXT NOT NULL, text TEXT NOT NULL);
+    symbol TEXT NOT NULL, lang TEXT NOT NULL, text_hash TEXT NOT NULL, text TEXT NOT NULL,
+    unit TEXT NOT NULL DEFAULT '');
 CREATE INDEX IF NOT EXISTS chunks_by_path ON chunks(path);
 """
 
@@ -51,7 +53,8 @@ class Snapshot:
     gen: int
     info: dict[str, str]
     vectors: object  # faiss.IndexIDMap2 over IndexFlatIP
-    lexical: object  # index.lexical.Lexical
+    lexical: object  # index.lexical.Lexical, over code
+    doclex: object  # index.lexical.Lexical, over doc prose
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,7 @@ class ChunkRow:
     lang: str
     text_hash: str
     text: str
+    unit: str = ""  # "first-last" lines of the definition the chunk is (part of); "" outside any
 
 
 def connect(index_dir: Path) -> sqlite3.Connection:
@@ -81,6 +85,10 @@ def connect(index_dir: Path) -> sqlite3.Connection:
     con = sqlite3.connect(index_dir / DB_NAME, timeout=30, isolation_level=None, check_same_thread=False)
     con.execute("PRAGMA journal_mode=WAL")
     con.execute("PRAGMA synchronous=FULL")  # the commit that switches generations must survive power loss
+    cols = [r[1] for r in con.execute("PRAGMA table_info(chunks)")]
+    if cols and "unit" not in cols:  # an index of an older format: its rows go, the next sync rebuilds
+        con.execute("DROP TABLE chunks")
+        con.execute("DELETE FROM info WHERE key = 'format'")
     con.executescript(SCHEMA)
     return con
 
@@ -109,7 +117,7 @@ def chunks_by_id(con: sqlite3.Connection, ids: list[int]) -> dict[int, ChunkRow]
     out: dict[int, ChunkRow] = {}
     for batch in _batches(ids, 500):
         marks = ",".join("?" * len(batch))
-        for r in con.execute("SELECT id, path, start_line, end_line, symbol, lang, text_hash, text "
+        for r in con.execute("SELECT id, path, start_line, end_line, symbol, lang, text_hash, text, unit "
                              f"FROM chunks WHERE id IN ({marks})", batch):
             out[r[0]] = ChunkRow(*r)
     return out
@@ -149,9 +157,10 @@ def load(con: sqlite3.Connection, index_dir: Path, current: Snapshot | None = No
         try:
             vectors = faiss.read_index(str(vectors_path(index_dir, gen)))
             lexical = Lexical.load(lexical_path(index_dir, gen))
+            doclex = Lexical.load(doclex_path(index_dir, gen))
             n = con.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
-            if vectors.ntotal == n == len(lexical):
-                return Snapshot(gen, info, vectors, lexical)
+            if vectors.ntotal == n == len(lexical) == len(doclex):
+                return Snapshot(gen, info, vectors, lexical, doclex)
         except (OSError, RuntimeError, ValueError, KeyError):
             pass
         # A writer may have just replaced this generation: look again; if not, it is damaged.
@@ -166,6 +175,10 @@ def vectors_path(index_dir: Path, gen: int) -> Path:
 
 def lexical_path(index_dir: Path, gen: int) -> Path:
     return index_dir / f"lexical-{gen}.npz"
+
+
+def doclex_path(index_dir: Path, gen: int) -> Path:
+    return index_dir / f"doclex-{gen}.npz"
 
 
 def write_atomic(path: Path, write) -> None:
@@ -187,7 +200,7 @@ def remove_stale(index_dir: Path, keep_gen: int) -> None:
         name = p.name
         if name.startswith(".") and name.endswith(".tmp"):
             p.unlink(missing_ok=True)
-        elif name.startswith(("vectors-", "lexical-")):
+        elif name.startswith(("vectors-", "lexical-", "doclex-")):
             stem = name.split("-", 1)[1].split(".", 1)[0]
             if stem.isdigit() and int(stem) != keep_gen:
                 p.unlink(missing_ok=True)
@@ -228,8 +241,9 @@ def commit(con: sqlite3.Connection, *, gen: int, info: dict[str, str], full: boo
             con.execute(f"DELETE FROM files WHERE path IN ({marks})", batch)
         con.executemany("INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?, ?)",
                         [(f.path, f.size, f.mtime_ns, f.hash, f.status, f.n_chunks) for f in files])
-        con.executemany("INSERT INTO chunks VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                        [(c.id, c.path, c.start_line, c.end_line, c.symbol, c.lang, c.text_hash, c.text)
+        con.executemany("INSERT INTO chunks VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        [(c.id, c.path, c.start_line, c.end_line, c.symbol, c.lang, c.text_hash, c.text,
+                          c.unit)
                          for c in chunks])
         info = {**info, "gen": str(gen), "updated_at": str(time.time())}
         con.executemany("INSERT OR REPLACE INTO info VALUES (?, ?)", list(info.items()))

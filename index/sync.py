@@ -87,9 +87,11 @@ class _Change:
     chunks: list[Chunk] = field(default_factory=list)
 
 
-def embed_text(path: str, symbol: str, code: str) -> str:
-    """What the embedder sees: a one-line header naming the place, then the code."""
-    return f"{path} | {symbol}\n{code}" if symbol else f"{path}\n{code}"
+def embed_text(path: str, symbol: str, code: str, context: str = "") -> str:
+    """What the embedder sees: a one-line header naming the place, the signatures of the definitions
+    around the chunk (a body slice or a method says whose it is), then the code without its doc."""
+    head = f"{path} | {symbol}" if symbol else path
+    return f"{head}\n{context}\n{code}" if context else f"{head}\n{code}"
 
 
 def lexical_text(embedded: str, symbol: str) -> str:
@@ -97,6 +99,10 @@ def lexical_text(embedded: str, symbol: str) -> str:
     weight (a definition's name says more than any word in its body: +1.3 MRR@10 on the bench's
     development half)."""
     return f"{symbol}\n{embedded}" if symbol else embedded
+
+
+def unit_key(c: Chunk) -> str:
+    return f"{c.unit[0]}-{c.unit[1]}" if c.unit is not None else ""
 
 
 def content_hash(data: bytes) -> str:
@@ -229,6 +235,7 @@ class Syncer:
         files: list[store.FileRow] = []
         embed_texts: list[str] = []
         lex_texts: list[str] = []
+        doc_texts: list[str] = []
         to_embed: list[int] = []
         reuse_from: list[tuple[int, int]] = []
         for ch in batch:
@@ -242,10 +249,10 @@ class Syncer:
             getattr(self.report, ch.kind).append(r.path)
             lang = language_for(r.path) or "text"
             for c in ch.chunks:
-                etext = embed_text(r.path, c.symbol, c.text)
+                etext = embed_text(r.path, c.symbol, c.code, c.context)
                 th = content_hash(etext.encode("utf-8", errors="surrogatepass"))
                 rows.append(store.ChunkRow(next_id, r.path, c.start_line, c.end_line, c.symbol, lang, th,
-                                           c.text))
+                                           c.text, unit_key(c)))
                 next_id += 1
                 if th in reusable:
                     reuse_from.append((len(rows) - 1, reusable.pop(th)))
@@ -253,6 +260,7 @@ class Syncer:
                     to_embed.append(len(rows) - 1)
                 embed_texts.append(etext)
                 lex_texts.append(lexical_text(etext, c.symbol))
+                doc_texts.append(c.doc)
         self.report.deleted.extend(deleted)
 
         if not full_commit and not rows and not gone_ids:
@@ -281,27 +289,30 @@ class Syncer:
 
         if full_commit:
             vectors = faiss.IndexIDMap2(faiss.IndexFlatIP(self.emb.dim))
-            lexical = Lexical.empty()
+            lexical, doclex = Lexical.empty(), Lexical.empty()
         else:
-            vectors, lexical = self.snap.vectors, self.snap.lexical
+            vectors, lexical, doclex = self.snap.vectors, self.snap.lexical, self.snap.doclex
             if gone_ids:
                 vectors.remove_ids(faiss.IDSelectorBatch(np.asarray(gone_ids, dtype=np.int64)))
                 lexical.remove(gone_ids)
+                doclex.remove(gone_ids)
         if rows:
             ids = np.asarray([r.id for r in rows], dtype=np.int64)
             vectors.add_with_ids(vecs, ids)
             lexical.add(ids, lex_texts)
+            doclex.add(ids, doc_texts)
 
         gen = int(info.get("gen", "0")) + 1
         store.write_atomic(store.vectors_path(self.dir, gen), lambda p: faiss.write_index(vectors, str(p)))
         store.write_atomic(store.lexical_path(self.dir, gen), lexical.save)
+        store.write_atomic(store.doclex_path(self.dir, gen), doclex.save)
         new_info = {"format": store.FORMAT, "model": self.emb.name, "dim": str(self.emb.dim),
                     "next_id": str(next_id)}
         if full_commit:
             new_info["built_at"] = str(time.time())
         store.commit(self.con, gen=gen, info=new_info, full=full_commit, removed_paths=modified + deleted,
                      files=files + stat_only, chunks=rows)
-        self.snap = store.Snapshot(gen, store.read_info(self.con), vectors, lexical)
+        self.snap = store.Snapshot(gen, store.read_info(self.con), vectors, lexical, doclex)
         store.remove_stale(self.dir, gen)
 
 
