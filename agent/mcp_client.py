@@ -456,6 +456,8 @@ class Hub:
                 message = _describe(e)
                 if "timed out" in message:
                     message = f"timed out after {server.tool_timeout_s:g} s ({message})"
+                elif "Connection closed" in message:
+                    message = f"the server closed the connection; it may have exited ({message}).{self._log_hint(server)}"
                 return ToolResult.error(
                     f"{tool} on MCP server {server.name}: {message}", server=server.name, tool=tool
                 )

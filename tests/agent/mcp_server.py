@@ -73,6 +73,12 @@ def nap(seconds: float) -> str:
     return f"slept {seconds}"
 
 
+@server.tool()
+def die() -> str:
+    """Exit the server process at once (a server crashing mid-session)."""
+    os._exit(1)
+
+
 @server.tool(annotations=READ_ONLY)
 def header(name: str, ctx: Context) -> str:
     """The value of an HTTP request header (over streamable HTTP)."""

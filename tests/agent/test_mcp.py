@@ -242,6 +242,17 @@ def test_interrupt_stops_waiting_for_a_call(stdio_hub, tmp_path):
     assert not r.ok and r.data.get("interrupted") and time.monotonic() - start < 2
 
 
+def test_a_server_dying_mid_session_turns_calls_into_errors(stdio_hub, tmp_path):
+    # Runs last of the tests on the shared stdio server: it kills it.
+    ex = executor(stdio_hub, tmp_path)
+    pid = int(call(ex, "fx__lookup", key="pid").content)
+    died = call(ex, "fx__die")
+    assert not died.ok and "closed the connection" in died.content
+    assert process_gone(pid)
+    after = call(ex, "fx__lookup", key="answer")
+    assert not after.ok and "closed the connection" in after.content
+
+
 def test_a_failed_or_silent_server_is_one_warning_and_no_tools(tmp_path, capfd):
     servers = parse_servers(
         {
