@@ -111,7 +111,7 @@ class Grammars:
     def _args(self, fn: dict[str, Any]) -> dict[str, Any]:
         schema = fn.get("parameters") or {"type": "object"}
         if self.tool_format != "qwen3_coder":
-            return {"type": "json_schema", "json_schema": schema, "max_whitespace_cnt": MAX_BLANKS}
+            return {"type": "json_schema", "json_schema": bounded_strings(schema), "max_whitespace_cnt": MAX_BLANKS}
         # One block per property, in the schema's order, each value alone on its lines as the template writes
         # it (xgrammar's own qwen_xml style lets any blank stand for those newlines, which the parser keeps).
         required = set(schema.get("required") or [])
@@ -147,8 +147,24 @@ class Grammars:
 
 
 def json_format(schema: dict[str, Any] | None) -> dict[str, Any]:
-    return {"type": "json_schema", "json_schema": {"type": "object"} if schema is None else schema,
+    return {"type": "json_schema", "json_schema": {"type": "object"} if schema is None else bounded_strings(schema),
             "max_whitespace_cnt": MAX_BLANKS}
+
+
+def bounded_strings(schema: Any) -> Any:
+    """xgrammar 0.2.8 writes a string with minLength/maxLength as any characters but quote, backslash and
+    newline, raw control characters included, which no JSON parser takes: such strings become the same
+    length bounds as a pattern over characters JSON allows unescaped (so they cannot hold escapes)."""
+    if isinstance(schema, list):
+        return [bounded_strings(x) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: bounded_strings(v) for k, v in schema.items()}
+    if (out.get("type") == "string" and ("minLength" in out or "maxLength" in out)
+            and not {"pattern", "format", "enum", "const"} & out.keys()):
+        low, high = out.pop("minLength", 0), out.pop("maxLength", "")
+        out["pattern"] = f'^[^"\\\\\\u0000-\\u001f]{{{low},{high}}}$'
+    return out
 
 
 def _xml_value(prop: dict[str, Any]) -> dict[str, Any]:
