@@ -40,6 +40,7 @@ NOTICE = (
     "COMPOSER_BASE_URL or base_url in .composer/config.toml"
 )
 PR_SET_PDEATHSIG = 1
+BUILTIN_MAX_TOKENS = 160  # per turn, as in its training and evaluation
 
 
 class BuiltinModelError(Exception):
@@ -57,7 +58,15 @@ def builtin_model_dir() -> Path:
 
 
 def missing_serve_packages() -> list[str]:
-    return [m for m in SERVE_MODULES if importlib.util.find_spec(m) is None]
+    """The serve extra's packages that cannot be found (located only: importing torch here takes seconds)."""
+    missing = []
+    for name in SERVE_MODULES:
+        try:
+            if importlib.util.find_spec(name) is None:
+                missing.append(name)
+        except (ImportError, ValueError):  # a finder refused it, or a half-removed package
+            missing.append(name)
+    return missing
 
 
 @dataclass
@@ -68,6 +77,15 @@ class LocalServer:
     base_url: str = ""
     log_path: Path | None = None
     _stdout: list[str] = field(default_factory=list)
+
+    def configure(self, config) -> None:
+        """Point `config` at this server, greedy and with short answers unless configured otherwise:
+        the tiny model was trained and is evaluated that way (temperature 0, 160 tokens a turn)."""
+        config.base_url = self.base_url
+        if config.temperature is None:
+            config.temperature = 0.0
+        if config.max_output_tokens is None:
+            config.max_output_tokens = BUILTIN_MAX_TOKENS
 
     def alive(self) -> bool:
         return self.proc.poll() is None

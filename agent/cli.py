@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:  # Ctrl-C while it loads: start_builtin has stopped the child
             print("\ncomposer-agent: interrupted", file=sys.stderr)
             return 130
-        config.base_url = server.base_url
+        server.configure(config)  # its URL; greedy, short turns unless configured otherwise
     try:
         return _run(args, config, root, headless)
     finally:

@@ -23,9 +23,12 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from agent.protocol import AssistantMessage, Event, Finished, ToolCallFinished, ToolCallStarted
+
+if TYPE_CHECKING:
+    from agent.builtin_model import LocalServer
 
 # The fixed demo task: a family, size and seed the built-in model solves greedily (see BENCHMARKS.md).
 FAMILY, SIZE, SEED = "bugfix", "small", 0
@@ -158,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             except BuiltinModelError as e:
                 print(f"composer-agent demo: error: {e}", file=sys.stderr)
                 return 2
-        return _run(root, prompt, args, server.base_url if server else args.base_url, out)
+        return _run(root, prompt, args, server, out)
     except KeyboardInterrupt:
         print("\ncomposer-agent demo: interrupted", file=sys.stderr)
         return 130
@@ -167,23 +170,25 @@ def main(argv: list[str] | None = None) -> int:
             server.stop()
 
 
-def _run(root: Path, prompt: str, args: argparse.Namespace, base_url: str, out: TextIO) -> int:
+def _run(root: Path, prompt: str, args: argparse.Namespace, server: LocalServer | None, out: TextIO) -> int:
     from agent.approval import Approvals
     from agent.client import ModelError
     from agent.config import Config
     from agent.runtime import build
 
-    # Greedy, so the run is the same every time; the task's own limits. A solution's turns are a few
-    # hundred tokens: the cap stops a confused model from generating for minutes on CPU.
+    # Greedy, so the run is the same every time; the task's own limits. With the built-in model, its
+    # own settings (greedy, 160 tokens a turn); elsewhere a cap that stops a confused model early.
     config = Config(
-        base_url=base_url,
+        base_url=server.base_url if server else args.base_url,
         model=args.model,
         temperature=0.0,
         max_turns=12,
         max_time_s=600.0,
-        max_output_tokens=768,
+        max_output_tokens=None if server else 1024,
         approval="auto",
     )
+    if server is not None:
+        server.configure(config)
     printer = DemoPrinter(out)
     try:
         rt = build(config, root, emit=printer, approve=Approvals("auto"))
