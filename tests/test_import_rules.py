@@ -21,7 +21,7 @@ PACKAGES = ["agent", "serve", "index", "kernels", "train"]
 # package -> top-level modules it must not import at module level
 FORBIDDEN = {
     "agent": {"torch", "triton", "serve", "train", "index", "kernels", "transformers", "textual",
-              "sentence_transformers", "faiss", "numpy", "prompt_toolkit"},
+              "sentence_transformers", "faiss", "numpy", "prompt_toolkit", "mcp"},
     "index": {"agent", "serve", "train", "kernels"},
     "kernels": {"agent", "serve", "train", "index"},
     "serve": {"train", "index"},
@@ -102,7 +102,7 @@ def test_importing_the_agent_loads_no_heavy_stack():
         "import importlib, sys\n"
         f"for m in {mods!r}: importlib.import_module(m)\n"
         "heavy = sorted(m for m in ('torch', 'serve', 'train', 'index', 'kernels', 'transformers', "
-        "'textual', 'faiss', 'sentence_transformers', 'numpy') if m in sys.modules)\n"
+        "'textual', 'faiss', 'sentence_transformers', 'numpy', 'mcp') if m in sys.modules)\n"
         "print(','.join(heavy))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
