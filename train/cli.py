@@ -48,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="where episodes run: threads here, a local process pool, or Ray actors (composer[ray]; "
                     "RAY_ADDRESS joins a cluster); see docs/scaling.md")
     rl.add_argument("--api-key", help="the --base-url server's key")
+    rl.add_argument("--fsdp", action="store_true", help="train with FSDP2 across the ranks of `torchrun "
+                    "--nproc-per-node N -m train.cli rl --fsdp ...` (rank 0 runs rollouts and weight sync)")
     rl.add_argument("--resume", action="store_true", help="continue from the run folder's last checkpoint")
 
     sft = sub.add_parser("sft", help="supervised fine-tuning on recorded trajectories (their sampled tokens)")
@@ -139,8 +141,23 @@ def _rl(args) -> int:
                    save_every=args.save_every, temperature=args.temperature, max_output_tokens=args.max_output_tokens,
                    backend=args.backend)
     trainer = TrainerConfig(lr=args.lr, seed=args.seed, mxfp8_experts=not args.no_mxfp8)
-    history = run(_model_dir(args.model), load_tasks(args.tasks), args.out, cfg, trainer_cfg=trainer, loss=loss,
-                  reward=reward, resume=args.resume, base_url=args.base_url, api_key=args.api_key)
+    leader = None
+    if args.fsdp:
+        from train.distributed.fsdp import FSDPTrainer, Leader, follow, init_process_group
+
+        rank, _ = init_process_group()
+        sharded = FSDPTrainer(_model_dir(args.model), trainer, loss)
+        if rank != 0:  # the other ranks train in lockstep with rank 0 and do nothing else
+            follow(sharded)
+            return 0
+        leader = Leader(sharded)
+    try:
+        history = run(_model_dir(args.model), load_tasks(args.tasks), args.out, cfg, trainer_cfg=trainer, loss=loss,
+                      reward=reward, resume=args.resume, base_url=args.base_url, api_key=args.api_key,
+                      trainer=leader)
+    finally:
+        if leader is not None:
+            leader.stop()
     last = history[-1] if history else {}
     print(f"composer-train: {len(history)} steps; last reward {last.get('reward_mean')}, pass rate "
           f"{last.get('pass_rate')}; metrics in {Path(args.out) / 'metrics.jsonl'}")

@@ -185,7 +185,8 @@ def latest_checkpoint(out: Path) -> Path | None:
 def run(model_dir: str | Path, tasks: list[Task], out: str | Path, cfg: RLConfig, *,
         trainer_cfg: TrainerConfig | None = None, loss: LossConfig | None = None,
         reward: RewardConfig | None = None, resume: bool = False, base_url: str | list[str] | None = None,
-        api_key: str | None = None, served_name: str = "policy", progress: Progress | None = None) -> list[dict]:
+        api_key: str | None = None, served_name: str = "policy", progress: Progress | None = None,
+        trainer: Trainer | None = None) -> list[dict]:
     """Run RL; returns the metrics of every step (also in OUT/metrics.jsonl)."""
     heldout = [t.id for t in tasks if t.split == "heldout"]
     if heldout:
@@ -194,7 +195,8 @@ def run(model_dir: str | Path, tasks: list[Task], out: str | Path, cfg: RLConfig
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     loss = loss or LossConfig()
-    trainer = Trainer(model_dir, trainer_cfg or TrainerConfig(seed=cfg.seed), loss)
+    if trainer is None:  # (train.distributed.fsdp passes its rank-0 leader of an FSDP2 trainer)
+        trainer = Trainer(model_dir, trainer_cfg or TrainerConfig(seed=cfg.seed), loss)
     first = 0
     serve_from = Path(model_dir)
     ckpt = latest_checkpoint(out) if resume else None

@@ -246,3 +246,58 @@ def load_unsharded(ckpt_dir: str | Path, model: torch.nn.Module) -> torch.nn.Mod
     dcp.load(sd, checkpoint_id=str(d))
     model.load_state_dict(sd["model"])
     return model
+
+
+class Leader:
+    """Rank 0's face of an FSDP trainer inside `train.rl.run`: every call that changes the model is first
+    broadcast to the other ranks (each running `follow`), then run here; all ranks run it together."""
+
+    def __init__(self, trainer: FSDPTrainer):
+        self.inner = trainer
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:  # counters the loop bumps live in the trainer
+        if name == "inner":
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.inner, name, value)
+
+    def _tell(self, *cmd) -> None:
+        dist.broadcast_object_list([cmd], src=0)
+
+    def step(self, samples: list[Sample], advantages: list[float], sft: bool = False) -> dict[str, Any]:
+        self._tell("step", samples, advantages, sft, self.inner.policy_version, self.inner.step_count)
+        return self.inner.step(samples, advantages, sft)
+
+    def save(
+        self, out_dir: str | Path, *, state: dict[str, Any] | None = None, resumable: bool = True
+    ) -> Path:
+        self._tell("save", str(out_dir), state, resumable, self.inner.policy_version, self.inner.step_count)
+        return self.inner.save(out_dir, state=state, resumable=resumable)
+
+    def resume(self, ckpt_dir: str | Path) -> dict[str, Any]:
+        self._tell("resume", str(ckpt_dir))
+        return self.inner.resume(ckpt_dir)
+
+    def stop(self) -> None:
+        self._tell("stop")
+
+
+def follow(trainer: FSDPTrainer) -> None:
+    """A rank other than 0: do what the leader broadcasts until it says stop."""
+    while True:
+        box: list[Any] = [None]
+        dist.broadcast_object_list(box, src=0)
+        cmd, *args = box[0]
+        if cmd == "stop":
+            return
+        if cmd == "resume":
+            trainer.resume(args[0])
+            continue
+        *rest, trainer.policy_version, trainer.step_count = args  # the leader's counters (it may skip steps)
+        if cmd == "step":
+            trainer.step(*rest)
+        elif cmd == "save":
+            trainer.save(rest[0], state=rest[1], resumable=rest[2])
