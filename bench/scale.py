@@ -55,6 +55,19 @@ def make_server(kind: str, tasks):
     return (Done if kind == "trivial" else ExpertTokenServer)(CKPT, tasks)
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds of a process and of its children it has waited for (tool and verify commands)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def run_once(backend: str, workers: int, tasks, episodes: int, srv, out: Path) -> dict:
     from agent.tools import default_registry
     from train.rewards import RewardConfig, compose
@@ -82,10 +95,14 @@ def run_once(backend: str, workers: int, tasks, episodes: int, srv, out: Path) -
         ro.batch(0)
         first = time.monotonic() - t0
         skip = len(getattr(ro, "timings", []))
+        procs = getattr(getattr(ro, "backend", None), "procs", {})
+        cpu0 = sum(cpu_s(pr.pid) for pr in procs.values())
         t0 = time.monotonic()
         ro.set_version(1)
         eps, _ = ro.batch(1)
         wall = time.monotonic() - t0
+        cpu1 = sum(cpu_s(pr.pid) for pr in procs.values())
+        rss = [rss_mb(pr.pid) for pr in procs.values()]
     finally:
         ro.close()
     n = len(eps)
@@ -101,6 +118,11 @@ def run_once(backend: str, workers: int, tasks, episodes: int, srv, out: Path) -
         "episode_s_median": round(statistics.median(e.duration_s for e in eps), 3),
     }
     timings = getattr(ro, "timings", [])[skip:]
+    if procs:  # worker processes: CPU per episode (tools, verify and all their subprocesses), memory
+        row |= {
+            "cpu_s_per_episode": round((cpu1 - cpu0) / n, 2),
+            "worker_rss_mb": round(statistics.median(rss)),
+        }
     if timings:
         row |= {
             "task_wait_s_median": round(statistics.median(t["task_wait_s"] for t in timings), 3),
