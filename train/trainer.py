@@ -106,13 +106,38 @@ class Trainer:
 
     # -- forward ---------------------------------------------------------------------------------------
 
-    def _token_logprobs(self, ids_BL: torch.Tensor) -> torch.Tensor:
-        """Log-prob of each token given the ones before it: [B, L-1] (position t scores token t+1)."""
+    def _token_logprobs(self, ids_BL: torch.Tensor, mask_BL: torch.Tensor | None = None) -> torch.Tensor:
+        """Log-prob of each token given the ones before it: [B, L-1] (position t scores token t+1).
+        With `mask_BL`, only tokens where it is set are scored (0 elsewhere): the LM head and the
+        softmax over the vocabulary then run on those positions alone, which is most of the cost of a
+        small model whose trained (sampled) tokens are a fraction of each sequence."""
         autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" else nullcontext()
+        if mask_BL is None:
+            with autocast:
+                logits_BLV = self.model.forward_train(ids_BL)
+            logp_BTV = F.log_softmax(logits_BLV[:, :-1].float(), dim=-1)
+            return logp_BTV.gather(-1, ids_BL[:, 1:, None]).squeeze(-1)
+        sel_BT = mask_BL[:, 1:] > 0
         with autocast:
-            logits_BLV = self.model.forward_train(ids_BL)
-        logp_BTV = F.log_softmax(logits_BLV[:, :-1].float(), dim=-1)
-        return logp_BTV.gather(-1, ids_BL[:, 1:, None]).squeeze(-1)
+            h_NC = self._hidden(ids_BL)[:, :-1][sel_BT]
+            m = self.model
+            logits_NV = F.linear(h_NC, m.embed_tokens.weight) if m.lm_head is None else m.lm_head(h_NC)
+        logp_NV = F.log_softmax(logits_NV.float(), dim=-1)
+        lp_N = logp_NV.gather(-1, ids_BL[:, 1:][sel_BT][:, None]).squeeze(-1)
+        return torch.zeros(sel_BT.shape, dtype=lp_N.dtype, device=lp_N.device).masked_scatter(sel_BT, lp_N)
+
+    def _hidden(self, ids_BL: torch.Tensor) -> torch.Tensor:
+        """Qwen3MoeModel.forward_train up to the final norm (the same operations, without the LM head)."""
+        from serve.model.layers import Rotary
+
+        m = self.model
+        if m.rotary is None:
+            m.rotary = Rotary(m.cfg, ids_BL.device)
+        x_BLD = m.embed_tokens(ids_BL)
+        cos_LC, sin_LC = m.rotary.cos_sin(torch.arange(ids_BL.shape[1], device=ids_BL.device), x_BLD.dtype)
+        for layer in m.layers:
+            x_BLD = layer.forward_dense(x_BLD, cos_LC, sin_LC)
+        return m.norm(x_BLD)
 
     @torch.no_grad()
     def logprobs(self, samples: list[Sample]) -> list[torch.Tensor]:
@@ -145,7 +170,7 @@ class Trainer:
         for group in micro_batches(samples, self.config.micro_batch_tokens):
             mb = [samples[i] for i in group]
             ids, mask, slp = pad(mb, self.device)
-            logp_BT = self._token_logprobs(ids)
+            logp_BT = self._token_logprobs(ids, mask)
             mask_BT, slp_BT = mask[:, 1:], slp[:, 1:]
             if sft:
                 loss = -(logp_BT * mask_BT).sum() / total_tokens
