@@ -17,6 +17,7 @@ on your own code or open-ended requests it will flounder. Point the agent at a r
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -93,7 +94,11 @@ def write_repo(root: Path, seed: int = SEED) -> tuple[str, str]:
 
 
 def run_tests(root: Path) -> tuple[bool, str]:
-    p = subprocess.run(TESTS.split(), cwd=root, capture_output=True, text=True, timeout=120)
+    env = {
+        **os.environ,
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1"),
+    }
+    p = subprocess.run(TESTS.split(), cwd=root, capture_output=True, text=True, timeout=120, env=env)
     lines = (p.stdout + p.stderr).strip().splitlines()
     return p.returncode == 0, (lines[-1] if lines else "")
 
@@ -137,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # The demo repository needs no pytest plugins; loading every installed one (the dev extra has
+    # heavy ones) makes each test run ~10x slower. The agent's shell commands inherit this too.
+    os.environ.setdefault("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
     out = sys.stderr
     root = args.dir.resolve() if args.dir else Path(tempfile.mkdtemp(prefix="composer-demo-")) / "repo"
     if root.exists() and any(root.iterdir()):

@@ -1,0 +1,130 @@
+"""`composer-agent demo`: the repository it writes fails until the bug is fixed, green needs the real
+fix (not an edited test), and the whole command runs end to end against a scripted model on loopback
+(the expert's solution) and, once it ships, the trained built-in model."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent import demo
+from agent.scripted import ScriptedServer
+from agent.tasks.families import build
+
+BIN = Path(sys.executable).parent
+SHIPPED = Path(__file__).parents[2] / "serve" / "builtin" / "composer-tiny"
+
+
+def expert_script() -> list[dict]:
+    return [dict(turn) for turn in build(demo.FAMILY, demo.SEED, demo.SIZE).plan]
+
+
+def fix(root: Path) -> None:
+    """Apply the expert's edit (the one correct fix)."""
+    call = next(c for t in expert_script() for c in t.get("tool_calls", []) if c["name"] == "edit_file")
+    path = root / call["arguments"]["path"]
+    text = path.read_text()
+    assert call["arguments"]["old_string"] in text
+    path.write_text(text.replace(call["arguments"]["old_string"], call["arguments"]["new_string"], 1))
+
+
+def run_demo(tmp_path: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
+    env.pop("COMPOSER_BASE_URL", None)
+    return subprocess.run([str(BIN / "composer-agent"), "demo", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def test_the_demo_repository_fails_until_the_bug_is_fixed(tmp_path):
+    root = tmp_path / "repo"
+    task_id, prompt = demo.write_repo(root)
+    assert task_id == f"{demo.FAMILY}-{demo.SIZE}-{demo.SEED}" and prompt
+    assert demo.run_tests(root)[0] is False and demo.hidden_check(root)[0] is False
+    assert not (root / "_hidden").exists()
+    fix(root)
+    ok, line = demo.run_tests(root)
+    assert ok and "passed" in line
+    assert demo.hidden_check(root)[0] is True
+    assert not (root / "_hidden").exists()  # the checker ran on a copy
+
+
+def test_editing_the_test_instead_of_the_code_is_not_green(tmp_path):
+    root = tmp_path / "repo"
+    demo.write_repo(root)
+    for test in (root / "tests").glob("test_*.py"):
+        test.write_text("def test_nothing():\n    assert True\n")
+    assert demo.run_tests(root)[0] is True
+    ok, detail = demo.hidden_check(root)
+    assert ok is False and "expected" in detail
+
+
+def test_the_demo_with_the_experts_answers_goes_green_showing_parallel_calls(tmp_path):
+    with ScriptedServer(expert_script()) as srv:
+        p = run_demo(tmp_path, "--dir", str(tmp_path / "d"), "--base-url", srv.base_url)
+        first = srv.chat_requests()[0]
+    assert p.returncode == 0, p.stderr
+    err = p.stderr
+    assert "wrote a small repository with a failing test" in err and "1 failed" in err
+    assert "2 tool calls in one turn, run in parallel" in err
+    for name in ("shell", "read_file", "edit_file"):
+        assert f"→ {name} " in err
+    assert "demo: green" in err and "passed" in err.split("after:")[1]
+    assert first["temperature"] == 0.0  # greedy
+    assert (tmp_path / "d" / ".git").is_dir()
+    log = subprocess.run(["git", "diff", "--stat"], cwd=tmp_path / "d", capture_output=True, text=True).stdout
+    assert "pkg/" in log  # the fix is there to look at
+
+
+def test_the_demo_says_not_green_and_exits_1_when_the_model_does_not_fix_it(tmp_path):
+    with ScriptedServer([{"content": "I could not find the bug."}]) as srv:
+        p = run_demo(tmp_path, "--dir", str(tmp_path / "d"), "--base-url", srv.base_url)
+    assert p.returncode == 1, p.stderr
+    assert "not green" in p.stderr and "expected" in p.stderr
+
+
+def test_the_demo_refuses_a_folder_that_is_not_empty(tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "keep.txt").write_text("mine")
+    p = run_demo(tmp_path, "--dir", str(tmp_path / "d"), "--base-url", "http://127.0.0.1:9/v1")
+    assert p.returncode == 2 and "not empty" in p.stderr
+    assert sorted(x.name for x in (tmp_path / "d").iterdir()) == ["keep.txt"]
+
+
+# -- the shipped model --------------------------------------------------------------------------------
+
+needs_shipped = pytest.mark.skipif(not (SHIPPED / "config.json").is_file(),
+                                   reason="the trained composer-tiny checkpoint is not in serve/builtin yet")
+
+
+@needs_shipped
+@pytest.mark.slow
+def test_the_builtin_model_solves_the_demo_task_with_no_endpoint(tmp_path):
+    from tests.agent.test_builtin_model import gone
+
+    p = run_demo(tmp_path, "--dir", str(tmp_path / "d"), timeout=600)
+    assert p.returncode == 0, p.stderr
+    assert "small built-in model" in p.stderr and "demo: green" in p.stderr
+    assert gone(SHIPPED, 1)
+
+
+@needs_shipped
+@pytest.mark.slow
+def test_composer_agent_task_with_no_endpoint_solves_the_demo_task_greedily(tmp_path):
+    from tests.agent.test_builtin_model import gone
+
+    root = tmp_path / "repo"
+    _, prompt = demo.write_repo(root)
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
+    for var in ("COMPOSER_BASE_URL", "COMPOSER_BUILTIN_MODEL"):
+        env.pop(var, None)
+    p = subprocess.run([str(BIN / "composer-agent"), "--cwd", str(root), "--task", prompt, "--json"],
+                       capture_output=True, text=True, timeout=600, env=env)
+    events = [json.loads(line) for line in p.stdout.splitlines()]
+    assert p.returncode == 0 and events[-1]["status"] == "completed", p.stderr
+    assert demo.run_tests(root)[0] and demo.hidden_check(root, answer=events[-1]["final_text"])[0]
+    assert gone(SHIPPED, 1), "the child server outlived composer-agent"
