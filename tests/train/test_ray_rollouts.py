@@ -18,6 +18,7 @@ from train.progress import Progress
 from train.rewards import RewardConfig
 from train.rl import RLConfig, run
 from train.rollout import RolloutConfig
+from train.server import ServerError
 from train.trainer import TrainerConfig
 
 ray = pytest.importorskip("ray")
@@ -131,3 +132,51 @@ def test_killed_worker_loses_no_finished_episode(tiny, tmp_path, backend, reques
     assert set(finished) <= {ep.session_path for ep in episodes}
     assert ro.stats["workers_replaced"] == 1 and ro.stats["retried"] == 1 and ro.stats["masked"] == 0
     assert job.key in ro.recorded and len(ro.timings) == 6 and all(t["episode_s"] > 0 for t in ro.timings)
+
+
+def test_endpoint_pool_is_sticky_and_least_loaded():
+    from train.distributed.pool import EndpointPool
+
+    pool = EndpointPool(["http://127.0.0.1:1/v1", "http://127.0.0.1:2/v1"])
+    a, b = (e.base_url for e in pool.endpoints)
+    assert pool.acquire("ep1") == a and pool.acquire("ep2") == b and pool.acquire("ep3") == a
+    assert pool.acquire("ep2") == b  # every turn of an episode goes to its server
+    pool.release("ep1")
+    pool.release("ep3")
+    assert pool.acquire("ep4") == a  # a has no episode left, b has one
+    assert pool.check(timeout=0.5) == [a, b]  # nothing listens there: both leave the pool
+    with pytest.raises(ServerError, match="no healthy inference endpoint"):
+        pool.acquire("ep5")
+
+
+@pytest.mark.slow
+def test_dead_server_episodes_are_retried_on_another(tiny, tmp_path, tasks):
+    with SyncedExpert(tiny, delay_s=0.3) as one, SyncedExpert(tiny, delay_s=0.3) as two:
+        cfg = RLConfig(steps=1, group_size=3, groups_per_step=2, workers=2, max_staleness=0)
+        rollout = RolloutConfig(
+            one.base_url, one.name, max_output_tokens=64, sandbox=False, request_timeout_s=10
+        )
+        ro = DistributedRollouts(
+            tasks,
+            cfg,
+            rollout,
+            RewardConfig(),
+            tmp_path / "out",
+            0,
+            0,
+            default_registry().spec_hash(),
+            backend="processes",
+            endpoints=[one.base_url, two.base_url],
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while not ro.done.get(0) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            one.httpd.shutdown()  # the first server goes away: new requests to it are refused
+            one.httpd.server_close()
+            episodes, _ = ro.batch(0)
+        finally:
+            ro.close()
+    assert len(episodes) == 6 and all(ep.passed and not ep.infra_error for ep in episodes)
+    assert ro.stats["retried"] >= 1 and ro.stats["masked"] == 0
+    assert [e.healthy for e in ro.pool.endpoints] == [False, True]
