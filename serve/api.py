@@ -31,7 +31,8 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from serve.chat_format import ChatFormat
+from serve.access_log import AccessLog, log_throughput
+from serve.chat_format import ChatFormat, ChatFormatError
 from serve.engine.base import Engine, EngineStopped, SamplingParams
 from serve.engine.weights import RequestAborted, WeightLoadError
 from serve.guard import Guard, route_template
@@ -41,7 +42,10 @@ from serve.schemas import (
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
+    DetokenizeRequest,
     LoadWeightsRequest,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
     validation_message,
 )
 from serve.structured import Grammars
@@ -64,6 +68,8 @@ class ServerState:
     host: str = "127.0.0.1"
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     metrics_need_key: bool = False
+    log_interval: float = 10.0
+    """Seconds between throughput lines while busy (serve/access_log.py); 0: none."""
     created: int = field(default_factory=lambda: int(time.time()))
     metrics: Metrics = field(init=False)
     workers: ThreadPoolExecutor = field(init=False)
@@ -178,11 +184,35 @@ async def _disconnect(request: Request) -> None:
         pass
 
 
+def _tokenize(state: ServerState, body: TokenizeCompletionRequest | TokenizeChatRequest) -> list[int]:
+    if isinstance(body, TokenizeCompletionRequest):
+        text = body.prompt
+    else:
+        kwargs = body.chat_template_kwargs or {}
+        if clash := sorted(set(kwargs) & state.chat.reserved_kwargs):
+            raise APIError(400, f"chat_template_kwargs cannot set {', '.join(clash)}", param="chat_template_kwargs")
+        tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+        try:
+            text = state.chat.render([m.model_dump(exclude_none=True) for m in body.messages], tools,
+                                     body.add_generation_prompt, **kwargs)
+        except ChatFormatError as e:
+            raise APIError(400, str(e), param="messages", code="chat_template_error") from None
+    field = "prompt" if isinstance(body, TokenizeCompletionRequest) else "messages"
+    if not body.add_special_tokens:
+        return state.encode(text, field)
+    state.encode(text, field)  # the length check
+    return state.chat.tokenizer.encode_batch([text], add_special_tokens=True)[0].ids
+
+
 def create_app(state: ServerState) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         await state.engine.start()
+        ticker = asyncio.create_task(log_throughput(state.engine.stats, state.log_interval)) \
+            if state.log_interval > 0 else None
         yield
+        if ticker is not None:
+            ticker.cancel()
         await state.engine.stop()
         state.workers.shutdown(wait=False, cancel_futures=True)
 
@@ -194,6 +224,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     app.add_middleware(Guard, api_key=state.api_key, key_paths=state.key_paths,  # type: ignore[arg-type]
                        max_body_bytes=state.max_body_bytes, count=count)
+    app.add_middleware(AccessLog)  # outermost: it sees the guard's refusals too
 
     def error_response(request: Request, e: APIError) -> JSONResponse:
         count(request.scope, e.status)
@@ -255,6 +286,24 @@ def create_app(state: ServerState) -> FastAPI:
     async def model(name: str) -> dict[str, Any]:
         state.check_model(name)
         return model_card()
+
+    @app.post("/tokenize", responses=errors(400, 404))
+    async def tokenize(body: TokenizeCompletionRequest | TokenizeChatRequest) -> dict[str, Any]:
+        """vLLM's /tokenize: a prompt's ids, or the ids a chat completion would take as its prompt."""
+        if body.model is not None:
+            state.check_model(body.model)
+        ids = await state.offload(_tokenize, state, body)
+        strs = [state.chat.tokenizer.id_to_token(i) for i in ids] if body.return_token_strs else None
+        return {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids, "token_strs": strs}
+
+    @app.post("/detokenize", responses=errors(400, 404))
+    async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
+        if body.model is not None:
+            state.check_model(body.model)
+        vocab = state.chat.tokenizer.get_vocab_size()
+        if any(not 0 <= t < vocab for t in body.tokens):
+            raise APIError(400, f"token ids must be in [0, {vocab})", param="tokens", code="invalid_token_id")
+        return {"prompt": state.chat.tokenizer.decode(body.tokens, skip_special_tokens=False)}
 
     @app.post("/v1/chat/completions", responses=completion_responses)
     async def chat_completions(body: ChatCompletionRequest, request: Request):

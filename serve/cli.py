@@ -11,6 +11,7 @@ Binds to loopback unless --host says otherwise. Prints one line when ready:
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import socket
 import sys
@@ -41,6 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-body-mb", type=float, default=16.0,
                    help="largest request body accepted, in MiB (default 16; larger ones get a 413 unread)")
     p.add_argument("--max-model-len", type=int, help="context length (default: the checkpoint's)")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info",
+                   help="info (default): an access line per request and a throughput line while busy")
+    p.add_argument("--log-interval", type=float, default=10.0,
+                   help="seconds between throughput lines while busy (default 10; 0: none)")
     p.add_argument("--tool-call-parser", choices=["hermes", "qwen3_coder"],
                    help="tool-call text format (default: detected from the chat template)")
     n = p.add_argument_group("native engine")
@@ -78,6 +83,9 @@ def _main(argv: list[str] | None = None) -> int:
             print(f"composer-serve: error: the built-in model is not installed at {args.model}; "
                   "give --model PATH", file=sys.stderr)
             return 2
+    if args.log_interval < 0:
+        parser.error("--log-interval must be >= 0")
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     model_dir = Path(args.model)
     if not (model_dir / "config.json").is_file():
         print(f"composer-serve: error: {args.model} is not a checkpoint folder (no config.json)", file=sys.stderr)
@@ -118,11 +126,14 @@ def _main(argv: list[str] | None = None) -> int:
             print(f"composer-serve: error: {e}", file=sys.stderr)
             return 2
         state = ServerState(engine, chat, served, engine.max_model_len, args.api_key, str(model_dir), args.host,
-                            max_body_bytes=int(args.max_body_mb * 2**20), metrics_need_key=args.metrics_need_key)
+                            max_body_bytes=int(args.max_body_mb * 2**20), metrics_need_key=args.metrics_need_key,
+                            log_interval=args.log_interval)
         app = create_app(state)
         note += f"; policy version {engine.policy_version}"
     print(f"composer-serve: serving {served} at http://{args.host}:{port}/v1 ({note})", flush=True)
-    config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2)
+    # uvicorn's own access log stays off: serve/access_log.py writes one with tokens and timings.
+    config = uvicorn.Config(app, log_level="debug" if args.log_level == "debug" else "warning", access_log=False,
+                            timeout_graceful_shutdown=2)
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:
@@ -140,11 +151,13 @@ def _exit_when_stdin_closes() -> None:
     import threading
 
     def watch() -> None:
+        # os.read, not sys.stdin: a daemon thread blocked in a buffered read holds its lock, and the
+        # interpreter's shutdown would then abort on it.
         try:
-            while sys.stdin.buffer.read(4096):
+            while os.read(0, 4096):
                 pass
-        except (OSError, ValueError):
-            pass
+        except OSError:
+            return
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="stdin-watchdog", daemon=True).start()

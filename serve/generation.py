@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from serve.access_log import prompt_started, token_generated
 from serve.detokenizer import Detokenizer
 from serve.engine.base import Engine, SamplingParams
 from serve.metrics import Metrics
@@ -47,9 +48,11 @@ async def run_choice(engine: Engine, tokenizer, prompt_ids: list[int], params: S
     reason = "length"
     version: int | None = None
     stream = engine.generate(prompt_ids, params)
+    prompt_started(prompt_ids)  # the access log and throughput line (serve/access_log.py)
     try:
         async for tok in stream:
             n += 1
+            token_generated()
             version = tok.policy_version
             if first is None:
                 first = time.monotonic()

@@ -233,6 +233,41 @@ class CompletionRequest(_Sampling):
         return list(p)  # type: ignore[arg-type]
 
 
+class _NoSurrogates(_Lenient):
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_lone_surrogates(cls, v: Any) -> Any:
+        if _has_surrogate(v):
+            raise ValueError("contains a lone UTF-16 surrogate (\\ud800-\\udfff), which is not valid Unicode text")
+        return v
+
+
+class TokenizeCompletionRequest(_NoSurrogates):
+    """POST /tokenize with a prompt (vLLM's shape)."""
+
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+
+
+class TokenizeChatRequest(_NoSurrogates):
+    """POST /tokenize with messages: the ids /v1/chat/completions would use as its prompt (vLLM's shape)."""
+
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[ToolSpec] | None = None
+    add_generation_prompt: bool = True
+    add_special_tokens: bool = False
+    return_token_strs: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class DetokenizeRequest(_Lenient):
+    model: str | None = None
+    tokens: list[Int()]
+
+
 class LoadWeightsRequest(BaseModel):
     """POST /v1/load_weights. Unlike the OpenAI bodies, unknown keys are refused: a misspelt
     `abort_in_flight` silently ignored would change what happens to requests in flight."""
