@@ -75,7 +75,7 @@ class DistributedRollouts(Rollouts):
         self.max_retries = max_retries
         spec = WorkerSpec(rollout, reward, str(out), spec_hash, cpus_per_worker)
         buffered = max_buffered or 2 * cfg.workers
-        self.backend = (RayBackend if backend == "ray" else ProcessBackend)(spec, buffered)
+        self.backend = (RayBackend if backend == "ray" else ProcessBackend)(spec, buffered, cfg.workers)
         self.stats = {"workers_replaced": 0, "retried": 0, "masked": 0, "duplicates": 0}
         self.timings: list[dict[str, float]] = []
         self.assigned: dict[int, tuple[Job, str]] = {}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import queue
+import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -77,7 +78,7 @@ def _process_main(worker: int, spec: WorkerSpec, inbox, results) -> None:
 
 
 class ProcessBackend:
-    def __init__(self, spec: WorkerSpec, max_buffered: int):
+    def __init__(self, spec: WorkerSpec, max_buffered: int, workers: int):
         self.spec = spec
         self.ctx = mp.get_context("spawn")  # the trainer's process has torch threads: never fork it
         self.results = self.ctx.Queue(max_buffered)
@@ -135,7 +136,7 @@ class RayWorker:
 
 
 class RayBackend:
-    def __init__(self, spec: WorkerSpec, max_buffered: int):
+    def __init__(self, spec: WorkerSpec, max_buffered: int, workers: int):
         try:
             import ray
             from ray.util.queue import Queue
@@ -145,7 +146,16 @@ class RayBackend:
             ray.init(include_dashboard=False, log_to_driver=False)  # RAY_ADDRESS joins a running cluster
         self.ray, self.spec = ray, spec
         self.results = Queue(maxsize=max_buffered, actor_options={"num_cpus": 0})
-        self.cls = ray.remote(num_cpus=spec.cpus, max_restarts=0)(RayWorker)
+        cpus = spec.cpus
+        total = ray.cluster_resources().get("CPU", 0)
+        if workers * cpus > total > 0:  # actors that cannot be placed would wait forever: share the CPUs
+            cpus = total / workers
+            print(
+                f"rollouts: {workers} Ray actors x {spec.cpus} CPU > the cluster's {total:g} CPUs; "
+                f"each actor asks for {cpus:.2f}",
+                file=sys.stderr,
+            )
+        self.cls = ray.remote(num_cpus=cpus, max_restarts=0)(RayWorker)
         self.actors: dict[int, Any] = {}
         self.acks: dict[int, Any] = {}
 
