@@ -3,6 +3,7 @@
     python bench/search.py multi    [--work DIR] [--model M] [--langs c,java,...]
                                                    partially documented code in six languages, ours vs
                                                    the naive baseline (bench/search_eval.py)
+    python bench/search.py cold     [--runs N]     `composer-agent search` in a fresh process, numpy vs torch
     python bench/search.py quality  [--work DIR]   docstring -> function on the stdlib (bench/corpus.py)
     python bench/search.py build    [--work DIR]   full build of the unmodified stdlib: chunks/s, memory
     python bench/search.py sync     [--work DIR]   change one file of the built stdlib index, re-sync
@@ -217,7 +218,7 @@ def cmd_multi(args) -> None:
     for p in search_corpora.source_files(src)[:12]:
         rel = p.relative_to(src).as_posix()
         sample += [embed_text(rel, c.symbol, c.code, c.context) for c in chunk_for(rel, p.read_text(), base)]
-    sample = sample[:256]
+    sample = sample[:96]
     base.encode(sample[:16])
     t = time.monotonic()
     base.encode(sample)
@@ -265,6 +266,8 @@ def cmd_multi(args) -> None:
         for m in modes:
             pooled[m] += flags[m]
         ix.close()
+        if isinstance(emb, CachedEmbedder):
+            emb.save()
     if isinstance(emb, CachedEmbedder):
         emb.save()
     table["overall"] = {m: metrics(pooled[m]) for m in modes}
@@ -298,6 +301,47 @@ def cmd_multi(args) -> None:
     out.write_text(json.dumps({"model": base.name, "load_s": load_s, "chunks_per_s": speed,
                                "table": table, "macro": macro}, indent=2))
     print(f"written {out}; peak RSS {peak_rss_mib():.0f} MiB")
+
+
+# -- cold search from a shell --------------------------------------------------------------------------
+
+def cmd_cold(args) -> None:
+    """`composer-agent search` in a fresh process on an indexed repository, as from a shell: the
+    default path (NumPy query encoder, no torch) against queries through sentence-transformers
+    (COMPOSER_QUERY_ENCODER=torch, the path before), alternating, `--runs` each. Wall time and the
+    CPU time the process used (user + sys: what the load of other work on the machine inflates
+    least)."""
+    from bench.search_eval import python_corpus
+
+    repo = args.work / "cold-repo"
+    if not (repo / ".git").is_dir():
+        shutil.copytree(python_corpus(), repo, ignore=shutil.ignore_patterns(".complete"))
+        subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    ix = CodeIndex(repo)
+    report = ix.sync(progress=_progress)
+    ix.close()
+    exe = Path(sys.executable).with_name("composer-agent")
+    cmd = [str(exe), "search", "parse the header of an email message", "-k", "5"]
+    print(f"repository {repo}: {report.chunks} chunks; command: {' '.join(cmd[1:])}")
+    times: dict[str, list[tuple[float, float]]] = {"numpy (default)": [], "torch": []}
+    for i in range(args.runs * 2):
+        name = "numpy (default)" if i % 2 == 0 else "torch"
+        env = {**os.environ, "COMPOSER_QUERY_ENCODER": "torch" if name == "torch" else "numpy"}
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t = time.perf_counter()
+        out = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - t
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+        if out.returncode != 0 or "score" not in out.stdout:
+            raise SystemExit(f"search failed ({out.returncode}): {out.stderr[-2000:]}")
+        times[name].append((wall, cpu))
+        print(f"  {name:<16} wall {wall:5.2f}s  cpu {cpu:5.2f}s  (load average {os.getloadavg()[0]:.1f})",
+              flush=True)
+    for name, ts in times.items():
+        walls, cpus = sorted(w for w, _ in ts), sorted(c for _, c in ts)
+        print(f"{name:<16} wall median {statistics.median(walls):.2f}s (min {walls[0]:.2f}, max {walls[-1]:.2f}); "
+              f"cpu median {statistics.median(cpus):.2f}s (min {cpus[0]:.2f}) over {len(ts)} runs")
 
 
 # -- build, sync, latency ------------------------------------------------------------------------------
@@ -528,7 +572,7 @@ def cmd_all(args) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=["multi", "quality", "build", "sync", "latency", "repo", "embed", "all"])
+    p.add_argument("command", choices=["multi", "cold", "quality", "build", "sync", "latency", "repo", "embed", "all"])
     p.add_argument("--work", type=Path, default=DEFAULT_WORK, help="scratch folder (kept between runs)")
     p.add_argument("--limit", type=int, default=0, help="quality: evaluate at most this many queries")
     p.add_argument("--min-chunks", type=int, default=100_000, help="latency: index size to reach")
@@ -538,9 +582,10 @@ def main() -> None:
     p.add_argument("--model", help="multi: embedding model folder or name (default: the index's default)")
     p.add_argument("--langs", help="multi: comma-separated languages (default: all)")
     p.add_argument("--no-cache", action="store_true", help="multi: embed everything again")
+    p.add_argument("--runs", type=int, default=10, help="cold: runs of each variant")
     args = p.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    {"multi": cmd_multi, "quality": cmd_quality, "build": cmd_build, "sync": cmd_sync, "latency": cmd_latency,
+    {"multi": cmd_multi, "cold": cmd_cold, "quality": cmd_quality, "build": cmd_build, "sync": cmd_sync, "latency": cmd_latency,
      "repo": cmd_repo, "embed": cmd_embed, "all": cmd_all}[args.command](args)
 
 

@@ -4,13 +4,13 @@ Each corpus is a set of files from a published package, fetched with the registr
 cached under `~/.cache/composer-bench/search-corpora` (override with $COMPOSER_BENCH_CACHE), never in
 the repository:
 
-    c           Linux 6.1 `lib/*.c` (Debian `linux-source-6.1`), a deterministic ~40 k-line sample
+    c           Linux 6.1 `lib/*.c` (Debian `linux-source-6.1`)
     java        OpenJDK 17 `java.util.{regex,zip,jar,stream}` (Debian `openjdk-17-source`)
     javascript  express, commander, moment's `src/lib`, lodash's per-function modules (npm)
     typescript  rxjs `src/internal`, zod `src/v4/core` (npm)
     rust        regex-syntax, itertools, clap (Debian `librust-*-dev`, crate sources)
 
-Versions are pinned where the registry keeps old ones (npm); Debian's stable suite changes them only
+Each is then cut to MAX_LINES lines of whole files. Versions are pinned where the registry keeps old ones (npm); Debian's stable suite changes them only
 for security fixes. `python bench/search_corpora.py` fetches everything and prints what it has.
 """
 
@@ -45,6 +45,9 @@ JAVA_DIRS = (
     "java.base/java/util/stream/",
 )
 C_LINES = 40_000
+# Every corpus is cut to about this many lines (whole files, in a fixed pseudo-random order): big
+# enough to hold hundreds of functions, small enough to embed twice (ours, naive) on 2 CPU cores.
+MAX_LINES = 15_000
 EXTENSIONS = {
     "c": (".c",),
     "java": (".java",),
@@ -67,6 +70,7 @@ def corpus_dir(lang: str) -> Path:
         tmp.mkdir(parents=True)
         FETCH[lang](tmp)
         _prune(tmp, EXTENSIONS[lang])
+        _cap(tmp, MAX_LINES)
         (tmp / ".complete").write_text("ok\n")
         tmp.rename(root)
     return root
@@ -116,6 +120,17 @@ def _prune(root: Path, exts: tuple[str, ...]) -> None:
             or ".spec." in p.name
         ):
             p.unlink()
+
+
+def _cap(root: Path, max_lines: int) -> None:
+    files = sorted(source_files(root), key=lambda p: zlib.crc32(p.relative_to(root).as_posix().encode()))
+    lines = 0
+    for p in files:
+        n = p.read_bytes().count(b"\n")
+        if lines + n > max_lines:
+            p.unlink()
+        else:
+            lines += n
 
 
 def _fetch_npm(lang: str, dst: Path) -> None:

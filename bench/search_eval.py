@@ -31,9 +31,9 @@ from bench import search_corpora
 from index.languages import ATTRIBUTES, WRAPPERS, definition, language_for, parser_for
 
 SAMPLE_SHARE = 0.2
-SAMPLE_MAX = 120
+SAMPLE_MAX = 80
 PYTHON_DIRS = ("email", "json", "http", "logging", "urllib", "xml/dom", "importlib")
-PYTHON_MAX_LINES = 40_000
+PYTHON_MAX_LINES = 15_000
 FUNCTION_KINDS = {
     "function_definition",
     "function_declaration",

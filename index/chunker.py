@@ -8,7 +8,7 @@ definitions: each member gets a vector of its own. Statements between definition
 constants) are packed the same way.
 
 Doc prose is kept apart from code. The comment block directly above a definition (and a Python
-docstring) is its doc: it stays in the definition's chunk (never split off), but its lines are left out
+docstring, the module's too) is its doc: it stays in the definition's chunk (never split off), but its lines are left out
 of `Chunk.code`, the text that is embedded and indexed as code, and are given as `Chunk.doc` instead,
 so callers can weigh prose separately (mixed into the code's vector, a documented sibling's wording
 outranks the undocumented function a query describes). Doc lines count no tokens toward the budget.
@@ -185,6 +185,10 @@ def _doc_rows(root, lang: str, lines: list[str]) -> set[int]:
     """Rows holding the doc of some definition: the comments directly above it (attributes may stand
     between) and, in Python, the docstring that opens its body. Only comments alone on their lines."""
     rows: set[int] = set()
+    first = root.named_children[0] if root.named_children else None
+    if lang == "python" and first is not None and first.type == "expression_statement" \
+            and first.named_children and first.named_children[0].type == "string" and _own_lines(first, lines):
+        rows.update(range(first.start_point.row, _rows(first)[1] + 1))  # the module's docstring
     stack = [root]
     while stack:
         node = stack.pop()

@@ -26,6 +26,8 @@ from pathlib import Path
 
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 MODEL_ENV = "COMPOSER_EMBED_MODEL"
+# "torch" makes queries go through sentence-transformers too (bench/search.py cold compares the two).
+QUERY_ENCODER_ENV = "COMPOSER_QUERY_ENCODER"
 # Texts per forward pass: large enough to amortise overhead, small enough to keep padding waste low
 # (texts are sorted by length before batching).
 BATCH_SIZE = 32
@@ -121,7 +123,10 @@ class Embedder:
             from index import numpy_bert
 
             ok = self.folder is not None and self._tokenizer is not None and numpy_bert.supported(self.folder)
-            self._light = numpy_bert.NumpyBert(self.folder, self._tokenizer, self.max_tokens) if ok else False
+            try:
+                self._light = numpy_bert.NumpyBert(self.folder, self._tokenizer, self.max_tokens) if ok else False
+            except (KeyError, ValueError, OSError):  # weights in a layout or dtype it does not read
+                self._light = False
         return self._light or None
 
     def encode(self, texts: Sequence[str], *, on_batch: Callable[[int], None] | None = None):
@@ -133,7 +138,7 @@ class Embedder:
         if not texts:
             return out
         with self._lock:
-            if len(texts) <= SINGLE_THREAD_TEXTS:
+            if len(texts) <= SINGLE_THREAD_TEXTS and os.environ.get(QUERY_ENCODER_ENV) != "torch":
                 light = self._light_encoder()
                 if light is not None:
                     out[:] = light.encode(texts)
@@ -232,8 +237,13 @@ def _open(name: str, device: str | None, dtype: str) -> Embedder:
 
 def _load_st(name: str, source: str, device: str | None, dtype: str):
     """(sentence-transformers model, dtype used)."""
+    from index import quiet
+
+    quiet.route()  # the imports below log and warn to stderr (torchao, torch deprecations): to a file
     try:
         import torch
+
+        quiet.route()  # again: importing torch installed its own stderr handler
         from sentence_transformers import SentenceTransformer
         from transformers.utils import logging as hf_logging
     except ImportError as e:
@@ -244,6 +254,7 @@ def _load_st(name: str, source: str, device: str | None, dtype: str):
         dtype = "bfloat16" if (device == "cpu" and _bf16_is_native()) or device == "cuda" else "float32"
     kwargs = {"torch_dtype": getattr(torch, dtype)} if dtype != "float32" else {}
     hf_logging.disable_progress_bar()  # a "Loading weights" bar per search is noise; ours shows progress
+    quiet.route()  # and once more for the handler transformers installs
     try:
         st = SentenceTransformer(source, device=device, model_kwargs=kwargs)
     except Exception as e:  # noqa: BLE001 - the library raises many types; all mean "cannot load"

@@ -17,6 +17,7 @@ from __future__ import annotations
 import codecs
 import os
 import re
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,26 +70,30 @@ def list_files(root: Path) -> list[str]:
 
 
 def _git_files(root: Path) -> list[str] | None:
-    """Tracked + untracked-not-ignored files via git, or None when `root` is not in a git work tree."""
+    """Tracked + untracked-not-ignored files via git, or None when `root` is not in a git work tree
+    (or git is not installed). The git command line, not gitpython: importing gitpython alone took
+    longer than a whole search should."""
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, timeout=60)
+
     try:
-        import git  # gitpython; imported here so that listing outside git needs no git binary
-    except ImportError:
-        return None
-    try:
-        repo = git.Repo(root, search_parent_directories=True)
-        if repo.bare or repo.working_tree_dir is None:
-            return None
-        top = Path(os.path.realpath(repo.working_tree_dir))
-        if top != root and repo.ignored(root.relative_to(top).as_posix() + "/"):
-            # A folder the enclosing repository ignores (a Python install inside ~/.pyenv, a vendored
-            # tree) is still the user's workspace: list it as if there were no git.
-            return None
+        top = git("rev-parse", "--show-toplevel")
+        if top.returncode != 0 or not top.stdout.strip():
+            return None  # not in a work tree (or a bare repository)
+        top_dir = Path(os.path.realpath(top.stdout.decode("utf-8", "surrogateescape").strip()))
+        if top_dir != root:
+            rel = root.relative_to(top_dir).as_posix() + "/"
+            if git("check-ignore", "-q", "--", str(top_dir / rel)).returncode == 0:
+                # A folder the enclosing repository ignores (a Python install inside ~/.pyenv, a
+                # vendored tree) is still the user's workspace: list it as if there were no git.
+                return None
         # `git -C root` prints paths relative to root and lists only files below it.
-        out = git.Git(str(root)).ls_files("-z", "--cached", "--others", "--exclude-standard")
-    except (git.InvalidGitRepositoryError, git.NoSuchPathError, git.GitCommandError,
-            git.GitCommandNotFound):
+        out = git("ls-files", "-z", "--cached", "--others", "--exclude-standard")
+    except (OSError, subprocess.TimeoutExpired, ValueError):
         return None
-    return [n for n in out.split("\0") if n]
+    if out.returncode != 0:
+        return None
+    return [n for n in out.stdout.decode("utf-8", "surrogateescape").split("\0") if n]
 
 
 def _walk_files(root: Path) -> list[str]:

@@ -8,9 +8,11 @@ longest, so dropping them makes queries faster without changing ranks much. k1 a
 the textbook 1.2/0.75: on the development half of bench/search.py's stdlib queries, 1.6/0.9 gave
 +2 MRR@10 (code chunks vary in length more than prose passages and long ones match by accident).
 
-Storage: raw term counts per chunk (CSR, rows ordered by chunk id) plus the vocabulary, in one `.npz`.
-BM25 weights (k1=1.2, b=0.75) depend on corpus-wide statistics, so they are recomputed from the counts
-whenever rows change; that is a few vectorised passes over the non-zeros (tens of ms at 100 k chunks).
+Storage: raw term counts per chunk (CSR, rows ordered by chunk id), the vocabulary and the BM25
+weights computed from them (CSC: one slice per term), in one `.npz`. BM25 weights depend on
+corpus-wide statistics, so they are recomputed from the counts whenever rows change; that is a few
+vectorised passes over the non-zeros (tens of ms at 100 k chunks). Searching reads only the stored
+weights with NumPy: a search from a fresh process does not import SciPy (a second of a cold start).
 Removed terms stay in the vocabulary with zero document frequency until a rebuild.
 """
 
@@ -23,7 +25,6 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
-import scipy.sparse as sp
 
 K1 = 1.6
 B = 0.9
@@ -73,15 +74,36 @@ def words(text: str) -> list[str]:
 class Lexical:
     """Term counts for chunks (rows, sorted by chunk id) and BM25 search over them."""
 
-    def __init__(self, counts: sp.csr_matrix, ids: np.ndarray, vocab: list[str]):
-        self.counts = counts
+    def __init__(self, counts, ids: np.ndarray, vocab: list[str], weights: tuple | None = None):
+        self._counts = counts  # scipy CSR, or (data, indices, indptr, shape) not yet made into one
         self.ids = ids
         self.vocab = vocab
-        self.term_ids = {t: i for i, t in enumerate(vocab)}
-        self._weights: sp.csc_matrix | None = None
+        self._term_ids: dict[str, int] | None = None
+        self._weights = weights  # BM25 weights as CSC arrays (data, indices, indptr); None: stale
+
+    @property
+    def term_ids(self) -> dict[str, int]:
+        if self._term_ids is None:
+            self._term_ids = {t: i for i, t in enumerate(self.vocab)}
+        return self._term_ids
+
+    @property
+    def counts(self):
+        import scipy.sparse as sp
+
+        if isinstance(self._counts, tuple):
+            data, indices, indptr, shape = self._counts
+            self._counts = sp.csr_matrix((data, indices, indptr), shape=shape)
+        return self._counts
+
+    @counts.setter
+    def counts(self, value) -> None:
+        self._counts = value
 
     @classmethod
     def empty(cls) -> Lexical:
+        import scipy.sparse as sp
+
         return cls(sp.csr_matrix((0, 0), dtype=np.float32), np.zeros(0, dtype=np.int64), [])
 
     def __len__(self) -> int:
@@ -91,6 +113,8 @@ class Lexical:
 
     def add(self, ids: Sequence[int], texts: Sequence[str]) -> None:
         """Append chunks; their ids must all be larger than any already present."""
+        import scipy.sparse as sp
+
         if not len(ids):
             return
         ids_arr = np.asarray(ids, dtype=np.int64)
@@ -125,8 +149,11 @@ class Lexical:
 
     # -- search --------------------------------------------------------------------------------------
 
-    def _prepare(self) -> sp.csc_matrix:
+    def _prepare(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """BM25 weights, CSC arrays: term j's rows and weights are [indptr[j]:indptr[j + 1]]."""
         if self._weights is None:
+            import scipy.sparse as sp
+
             c = self.counts.tocsr()
             n_docs = c.shape[0]
             dl = np.asarray(c.sum(axis=1)).ravel()
@@ -138,8 +165,9 @@ class Lexical:
             tf = c.data
             norm = K1 * (1 - B + B * dl[row_of] / max(avgdl, 1e-9))
             data = idf[c.indices] * tf * (K1 + 1) / (tf + norm)
-            self._weights = sp.csr_matrix((data.astype(np.float32), c.indices, c.indptr),
-                                          shape=c.shape).tocsc()
+            w = sp.csr_matrix((data.astype(np.float32), c.indices, c.indptr), shape=c.shape).tocsc()
+            w.sort_indices()
+            self._weights = (w.data.astype(np.float32), w.indices.astype(np.int32), w.indptr.astype(np.int64))
         return self._weights
 
     def search(self, query: str, n: int, *, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -147,10 +175,13 @@ class Lexical:
         q = Counter(t for t in terms(query) if t in self.term_ids)
         if not q or not len(self.ids):
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
-        w = self._prepare()
-        cols = np.fromiter((self.term_ids[t] for t in q), dtype=np.int64)
-        qtf = np.fromiter(q.values(), dtype=np.float32)
-        scores = np.asarray(w[:, cols] @ qtf).ravel()
+        data, rows, indptr = self._prepare()
+        scores = np.zeros(len(self.ids), dtype=np.float32)
+        for t, qtf in q.items():
+            j = self.term_ids[t]
+            a, b = indptr[j], indptr[j + 1]
+            # rows are unique within a term's slice, so fancy-index += is exact
+            scores[rows[a:b]] += qtf * data[a:b]
         if allowed is not None:
             mask = np.isin(self.ids, allowed)
             scores = np.where(mask, scores, 0.0)
@@ -164,17 +195,20 @@ class Lexical:
 
     def save(self, path: Path) -> None:
         c = self.counts.tocsr()
+        wd, wi, wp = self._prepare()
         vocab = "\n".join(self.vocab).encode("utf-8")
         with open(path, "wb") as f:
             np.savez(f, data=c.data.astype(np.float32), indices=c.indices.astype(np.int32),
                      indptr=c.indptr.astype(np.int64), shape=np.asarray(c.shape, dtype=np.int64),
-                     ids=self.ids, vocab=np.frombuffer(vocab, dtype=np.uint8))
+                     ids=self.ids, vocab=np.frombuffer(vocab, dtype=np.uint8),
+                     w_data=wd, w_indices=wi, w_indptr=wp)
 
     @classmethod
     def load(cls, path: Path) -> Lexical:
         with np.load(path, allow_pickle=False) as z:
             shape = tuple(int(x) for x in z["shape"])
-            counts = sp.csr_matrix((z["data"], z["indices"], z["indptr"]), shape=shape)
+            counts = (z["data"], z["indices"], z["indptr"], shape)
             vocab_bytes = z["vocab"].tobytes()
             vocab = vocab_bytes.decode("utf-8").split("\n") if vocab_bytes else []
-            return cls(counts, z["ids"].astype(np.int64), vocab)
+            weights = (z["w_data"], z["w_indices"], z["w_indptr"]) if "w_data" in z.files else None
+            return cls(counts, z["ids"].astype(np.int64), vocab, weights)
