@@ -34,6 +34,7 @@ def test_splits_are_disjoint_and_the_control_zeroes_every_reward():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # ~1 min on an idle 2-core machine; several times that when the cores are shared
 def test_smoke_recipe_runs_every_stage(tmp_path):
     import torch
 
