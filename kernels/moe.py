@@ -21,20 +21,74 @@ precision use `kernels.mxfp8_linear.mxfp8_moe` (same forward, gradients to maste
 
 `backend` forces "triton" or "torch"; `mma` picks the kernel's matrix multiply ("dequant" for sm_90,
 "dot_scaled" for sm_100+, "auto" by device); see kernels/moe_triton.py. `cpu_packed` (CPU inference
-with plain weights) is `kernels.moe_reference.pack_experts(w13, w2)`, used by small batches.
+with plain weights) is `kernels.moe_reference.pack_experts(w13, w2)`, used by the all-experts path.
+
+CPU inference with plain weights picks one of two paths per call by what each would touch, priced with
+measured costs (`CpuCosts`): grouped (pairs sorted by expert, two matmuls per expert that got any:
+reads only those experts, does only the routed FLOPs, ~2 ops per hit expert) or all-experts (every
+expert on every token in two big matmuls: all experts' bytes, E / K times the FLOPs, a fixed handful
+of ops). Grouped wins unless a batch is tiny and hits every expert anyway.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from kernels.backend import Backend, use_triton
-from kernels.moe_reference import moe_all_experts, moe_few_tokens, moe_reference
+from kernels.moe_reference import moe_all_experts, moe_grouped_cpu, moe_reference
 from kernels.mxfp8 import MXFP8Tensor
 
-# Up to this many tokens, CPU inference skips the grouped reference: a batch that touches most experts runs
-# them all at once (moe_all_experts), one that touches few groups its tokens in Python (moe_few_tokens).
-SMALL_BATCH = 64
+
+@dataclass(frozen=True)
+class CpuCosts:
+    """What the CPU expert paths cost, measured with `measure_cpu_costs()` on the development VM (2 cores,
+    torch's default threads): weight bytes a few-row matmul streams per second, matmul FLOPs per
+    second, and the fixed cost of one small torch op. Only their ratios matter for the choice."""
+
+    bytes_per_s: float = 12e9
+    flops_per_s: float = 60e9
+    op_s: float = 10e-6
+
+
+CPU_COSTS = CpuCosts()
+
+
+def cpu_path_costs(T: int, K: int, counts_E: list[int], D: int, inter: int, itemsize: int,
+                   costs: CpuCosts = CPU_COSTS) -> dict[str, float]:
+    """Estimated seconds of the grouped and the all-experts path for T tokens with K experts each,
+    `counts_E` pairs per expert, hidden size D, expert intermediate size `inter`."""
+    E, hit = len(counts_E), sum(1 for n in counts_E if n)
+    expert_bytes, token_flops = 3 * D * inter * itemsize, 6 * D * inter  # w13 + w2; 2 FLOPs per MAC
+
+    def price(nbytes: float, flops: float, ops: int) -> float:
+        return nbytes / costs.bytes_per_s + flops / costs.flops_per_s + ops * costs.op_s
+
+    return {"grouped": price(hit * expert_bytes, T * K * token_flops, 2 * hit + 9),
+            "all": price(E * expert_bytes, T * E * token_flops, 8)}
+
+
+def measure_cpu_costs(D: int = 768, inter: int = 384, repeat: int = 20) -> CpuCosts:
+    """Measure CpuCosts on this machine (about a second): a 2-row matmul over 16 distinct weights
+    (streams them from memory), a square matmul (FLOPs), a small elementwise op (per-op cost)."""
+    import time
+
+    def timed(fn, n: int) -> float:
+        fn()
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        return (time.perf_counter() - start) / n
+
+    ws = [torch.randn(2 * inter, D) for _ in range(16)]
+    x2 = torch.randn(2, D)
+    stream = timed(lambda: [x2 @ w.T for w in ws], repeat) / len(ws)
+    a = torch.randn(512, 512)
+    flops = timed(lambda: a @ a, repeat)
+    small = torch.randn(8, D)
+    op = timed(lambda: torch.nn.functional.silu(small), repeat * 50)
+    return CpuCosts(bytes_per_s=ws[0].nbytes / stream, flops_per_s=2 * 512**3 / flops, op_s=op)
 
 
 def moe_forward(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor,
@@ -48,11 +102,13 @@ def moe_forward(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: 
         return moe_reference(x_TD, topk_ids_TK, topk_weights_TK, w13, w2, act_mxfp8=mma == "dot_scaled")
     if backend == "triton":
         raise ValueError("the Triton MoE path takes MXFP8 weights: pass MXFP8Tensor.quantize(w)")
-    T, K = topk_ids_TK.shape
-    if x_TD.device.type == "cpu" and T <= SMALL_BATCH and not torch.is_grad_enabled():
-        if T * K >= w13.shape[0]:
+    if x_TD.device.type == "cpu" and not torch.is_grad_enabled():
+        T, K = topk_ids_TK.shape
+        counts_E = torch.bincount(topk_ids_TK.reshape(-1), minlength=w13.shape[0]).tolist()
+        cost = cpu_path_costs(T, K, counts_E, x_TD.shape[1], w2.shape[2], w13.element_size())
+        if cost["all"] < cost["grouped"]:
             return moe_all_experts(x_TD, topk_ids_TK, topk_weights_TK, w13, w2, cpu_packed)
-        return moe_few_tokens(x_TD, topk_ids_TK, topk_weights_TK, w13, w2)
+        return moe_grouped_cpu(x_TD, topk_ids_TK, topk_weights_TK, w13, w2, counts_E)
     return moe_reference(x_TD, topk_ids_TK, topk_weights_TK, w13, w2)
 
 

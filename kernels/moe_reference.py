@@ -68,10 +68,10 @@ def moe_reference(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK
 def moe_all_experts(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor,
                     w13: torch.Tensor, w2: torch.Tensor,
                     packed: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """Small batches on a CPU: every expert on every token in two batched matmuls, unselected experts
-    weighted zero. When the batch touches most experts anyway (T * K >= E) this reads the same weight
-    bytes as the grouped loop but issues a handful of ops instead of ~10 per expert, which is what a
-    CPU decode step is bound by. Plain weights only; matmuls in x's dtype, the sum in float32.
+    """Every expert on every token in two batched matmuls, unselected experts weighted zero: E / K times
+    the FLOPs of the grouped path and every expert's bytes, but a handful of ops whatever E is. It wins
+    only where a batch hits (nearly) every expert and is so small that ops, not bytes or FLOPs, bound it
+    (kernels/moe.py's cost model decides). Plain weights only; matmuls in x's dtype, the sum in float32.
 
     `packed` = (w13 as [E * 2I, D], w2 as [D, E * I]) packed by kernels.cpu_pack (see
     `pack_experts`): two plain-layout matmuls, the router weights applied before the second, which
@@ -101,34 +101,38 @@ def pack_experts(w13: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, tor
     return pack(w13.reshape(E * two_i, D)), pack(w2.permute(1, 0, 2).reshape(D, E * (two_i // 2)))
 
 
-def moe_few_tokens(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor,
-                   w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
-    """Small CPU batches that touch few experts (a single sequence's decode step): the grouped
-    reference's arithmetic with the grouping done in Python, so each used expert costs a few ops and
-    a lone token needs no gather or scatter. Plain weights, inference only; the sum in float32."""
+def moe_grouped_cpu(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor,
+                    w13: torch.Tensor, w2: torch.Tensor, counts_E: list[int] | None = None) -> torch.Tensor:
+    """CPU inference, plain weights: the grouped reference's arithmetic in as few ops as it takes. The
+    (token, expert) pairs are sorted by expert and their rows gathered once; each expert that got any
+    pair then costs two matmuls written in place into one buffer (experts with no pair cost nothing and
+    their weights are not read), and the SwiGLU, the router weights and the float32 sum (index_add) run
+    once over all pairs. `counts_E` (pairs per expert, from the caller's bincount) saves recounting."""
     T, D = x_TD.shape
-    inter = w2.shape[2]
-    groups: dict[int, list[tuple[int, int]]] = {}
-    for t, row in enumerate(topk_ids_TK.tolist()):
-        for k, e in enumerate(row):
-            groups.setdefault(e, []).append((t, k))
-    weights_TK = topk_weights_TK.to(torch.float32)
-    out_TD = torch.zeros(T, D, dtype=torch.float32, device=x_TD.device)
-    for e, pairs in groups.items():
-        if len(pairs) == 1:
-            (t, k), = pairs
-            x_ND = x_TD[t : t + 1]
-        else:
-            tokens = torch.tensor([t for t, _ in pairs], device=x_TD.device)
-            x_ND = x_TD[tokens]
-        gate_up_N2I = x_ND @ w13[e].T
-        h_NI = F.silu(gate_up_N2I[:, :inter]) * gate_up_N2I[:, inter:]
-        y_ND = (h_NI @ w2[e].T).to(torch.float32)
-        if len(pairs) == 1:
-            out_TD[t].add_(y_ND[0] * weights_TK[t, k])
-        else:
-            w_N = weights_TK[tokens, torch.tensor([k for _, k in pairs], device=x_TD.device)]
-            out_TD.index_add_(0, tokens, y_ND * w_N[:, None])
+    K, inter = topk_ids_TK.shape[1], w2.shape[2]
+    expert_P = topk_ids_TK.reshape(-1)
+    if counts_E is None:
+        counts_E = torch.bincount(expert_P, minlength=w13.shape[0]).tolist()
+    order_P = torch.argsort(expert_P, stable=True)  # stable: a token's experts are summed in expert order
+    tokens_P = order_P // K
+    x_PD = x_TD.index_select(0, tokens_P)
+    P = x_PD.shape[0]
+    gate_up_P2I = x_TD.new_empty(P, 2 * inter)
+    start = 0
+    for e, n in enumerate(counts_E):
+        if n:
+            torch.mm(x_PD[start : start + n], w13[e].T, out=gate_up_P2I[start : start + n])
+            start += n
+    h_PI = F.silu(gate_up_P2I[:, :inter]).mul_(gate_up_P2I[:, inter:])
+    y_PD = x_TD.new_empty(P, D)
+    start = 0
+    for e, n in enumerate(counts_E):
+        if n:
+            torch.mm(h_PI[start : start + n], w2[e].T, out=y_PD[start : start + n])
+            start += n
+    weight_P1 = topk_weights_TK.reshape(-1).to(torch.float32).index_select(0, order_P)[:, None]
+    y_PD = y_PD.to(torch.float32).mul_(weight_P1) if y_PD.dtype != torch.float32 else y_PD.mul_(weight_P1)
+    out_TD = torch.zeros(T, D, dtype=torch.float32, device=x_TD.device).index_add_(0, tokens_P, y_PD)
     return out_TD.to(x_TD.dtype)
 
 

@@ -12,6 +12,7 @@ aborted) and those after it run on the new one, which the worker loads between t
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import queue
 import threading
 import time
@@ -61,22 +62,24 @@ class HFEngine(Engine):
     def __init__(self, model_dir: str, *, dtype: str = "auto", device: str | None = None,
                  max_model_len: int | None = None):
         import torch
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoConfig
 
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.torch_dtype = resolve_dtype(dtype, self.device)
         config = AutoConfig.from_pretrained(model_dir)
         self.max_model_len = max_model_len or getattr(config, "max_position_embeddings", 4096)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=self.torch_dtype).to(self.device)
-        self.model.eval()
         self.policy_version = read_policy_version(model_dir) or 0
         self._queue: queue.Queue = queue.Queue()
         self._running = 0
         self._inflight: set[_Request] = set()
         self._mark = threading.Lock()  # an abort and the end of a request: either it is aborted or it finished
         self._load_lock = asyncio.Lock()
-        self._thread = threading.Thread(target=self._work, name="hf-engine", daemon=True)
+        # The worker loads the model and runs every forward: one thread owns torch (one OpenMP pool; see
+        # serve/engine/native.py).
+        ready: concurrent.futures.Future = concurrent.futures.Future()
+        self._thread = threading.Thread(target=self._work, args=(model_dir, ready), name="hf-engine", daemon=True)
         self._thread.start()
+        ready.result()
 
     def weight_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
@@ -133,7 +136,16 @@ class HFEngine(Engine):
     async def stop(self) -> None:
         self._queue.put(None)
 
-    def _work(self) -> None:
+    def _work(self, model_dir: str, ready: concurrent.futures.Future) -> None:
+        from transformers import AutoModelForCausalLM
+
+        try:
+            self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=self.torch_dtype).to(self.device)
+            self.model.eval()
+        except BaseException as e:  # noqa: BLE001 - raised by the constructor
+            ready.set_exception(e)
+            return
+        ready.set_result(None)
         while True:
             req = self._queue.get()
             if req is None:

@@ -19,7 +19,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels import MXFP8Tensor, cpu_pack, moe_forward
-from kernels.moe_reference import pack_experts
 from kernels.mxfp8_linear import mxfp8_moe
 from serve.model.config import ModelConfig
 from serve.model.layers import AttnMeta, RMSNorm, Rotary, apply_rope, paged_attention
@@ -36,12 +35,32 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.h * self.c, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.c, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.c, cfg.rms_norm_eps)
+        self.qkv_proj: nn.Linear | None = None  # see fuse_qkv
+
+    def fuse_qkv(self) -> None:
+        """Inference only: q, k and v projections as one linear layer (two fewer matmuls per layer and
+        step, which a CPU decode step is bound by); the separate ones are dropped, so no extra memory."""
+        if self.qkv_proj is not None:
+            return
+        q, k, v = self.q_proj, self.k_proj, self.v_proj
+        fused = nn.Linear(q.in_features, q.out_features + k.out_features + v.out_features, bias=q.bias is not None,
+                          device=q.weight.device, dtype=q.weight.dtype)
+        with torch.no_grad():
+            fused.weight.copy_(torch.cat([q.weight, k.weight, v.weight]))
+            if q.bias is not None:
+                fused.bias.copy_(torch.cat([q.bias, k.bias, v.bias]))
+        self.qkv_proj = fused
+        del self.q_proj, self.k_proj, self.v_proj
 
     def forward(self, x_TD, cos_TC, sin_TC, k_cache, v_cache, meta: AttnMeta) -> torch.Tensor:
         T = x_TD.shape[0]
-        q_THC = self.q_norm(self.q_proj(x_TD).view(T, self.h, self.c))
-        k_TGC = self.k_norm(self.k_proj(x_TD).view(T, self.g, self.c))
-        v_TGC = self.v_proj(x_TD).view(T, self.g, self.c)
+        if self.qkv_proj is not None:  # inference on a CPU: one matmul for q, k and v
+            q_TN, k_TN, v_TN = self.qkv_proj(x_TD).split([self.h * self.c, self.g * self.c, self.g * self.c], dim=-1)
+        else:
+            q_TN, k_TN, v_TN = self.q_proj(x_TD), self.k_proj(x_TD), self.v_proj(x_TD)
+        q_THC = self.q_norm(q_TN.reshape(T, self.h, self.c))
+        k_TGC = self.k_norm(k_TN.reshape(T, self.g, self.c))
+        v_TGC = v_TN.reshape(T, self.g, self.c)
         q_THC, k_TGC = apply_rope(q_THC, cos_TC, sin_TC), apply_rope(k_TGC, cos_TC, sin_TC)
         k_cache.index_copy_(0, meta.slot_mapping_T, k_TGC.to(k_cache.dtype))
         v_cache.index_copy_(0, meta.slot_mapping_T, v_TGC.to(v_cache.dtype))
@@ -82,7 +101,6 @@ class SparseMoE(nn.Module):
         self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
         self.w13: torch.Tensor | MXFP8Tensor = torch.empty(0)
         self.w2: torch.Tensor | MXFP8Tensor = torch.empty(0)
-        self.cpu_packed: tuple[torch.Tensor, torch.Tensor] | None = None  # see Qwen3MoeModel.pack_for_cpu
         self.train_mxfp8 = False  # training: experts through the MXFP8 straight-through path
 
     def forward(self, x_TD: torch.Tensor) -> torch.Tensor:
@@ -94,7 +112,7 @@ class SparseMoE(nn.Module):
         weights_TK = weights_TK.to(logits_TE.dtype)
         if self.train_mxfp8:
             return mxfp8_moe(x_TD, ids_TK, weights_TK, self.w13, self.w2)
-        return moe_forward(x_TD, ids_TK, weights_TK, self.w13, self.w2, cpu_packed=self.cpu_packed)
+        return moe_forward(x_TD, ids_TK, weights_TK, self.w13, self.w2)
 
 
 class DecoderLayer(nn.Module):
@@ -138,7 +156,7 @@ class Qwen3MoeModel(nn.Module):
         cos_TC, sin_TC = self.rotary.cos_sin(positions_T, x_TD.dtype)
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
             x_TD = layer(x_TD, cos_TC, sin_TC, k_cache, v_cache, meta)
-        h_BD = self.norm(x_TD[logits_rows_B])
+        h_BD = self.norm(x_TD.index_select(0, logits_rows_B))
         logits = F.linear(h_BD, self.embed_tokens.weight) if self.lm_head is None else self.lm_head(h_BD)
         return logits.float()
 
@@ -164,32 +182,25 @@ class Qwen3MoeModel(nn.Module):
                 master = w.dequantize(self.embed_tokens.weight.dtype) if isinstance(w, MXFP8Tensor) else w
                 setattr(moe, name, nn.Parameter(master.detach().clone()))
             moe.train_mxfp8 = mxfp8_experts
-            moe.cpu_packed = None
         self.train()
         return self
 
-    def pack_for_cpu(self, expert_copy_limit: int = 4 << 30,
-                     min_linear_elements: int = cpu_pack.MIN_PACKED_ELEMENTS) -> str:
-        """Inference on a CPU: the weights of large linear layers reordered for oneDNN
-        (kernels/cpu_pack.py; no extra memory), and, while the plain expert weights of all layers total at most
-        `expert_copy_limit` bytes, a packed copy of them for the small-batch expert path (the paths
-        for single sequences and prefills need the plain ones). Returns what was done, for the
-        start-up line."""
+    def pack_for_cpu(self, min_linear_elements: int = cpu_pack.MIN_PACKED_ELEMENTS) -> str:
+        """Inference on a CPU (the model cannot train after it): each layer's q/k/v projections fused into
+        one, and the weights of large linear layers reordered for oneDNN (kernels/cpu_pack.py; no extra memory). Expert weights stay plain: the grouped expert path reads one expert's matrix per
+        matmul, and a packed copy of all of them (for the all-experts path, which the cost model in
+        kernels/moe.py picks only for tiny batches hitting every expert) would double their memory for
+        nothing. Returns what was done, for the start-up line."""
         dtype = self.embed_tokens.weight.dtype
         if self.embed_tokens.weight.device.type != "cpu" or not cpu_pack.available(dtype):
             return "not packed"
+        for layer in self.layers:
+            layer.self_attn.fuse_qkv()
         n = cpu_pack.pack_linears(self, min_linear_elements)
-        done = f"{n} linear layer{'s' * (n != 1)} packed for oneDNN"
-        plain = [m for m in self.moe_layers() if isinstance(m.w13, torch.Tensor)]
-        copy_bytes = sum((m.w13.numel() + m.w2.numel()) * m.w13.element_size() for m in plain)
-        if plain and copy_bytes <= expert_copy_limit:
-            for m in plain:
-                m.cpu_packed = pack_experts(m.w13, m.w2)
-            return f"{done}, + {copy_bytes / 2**20:.1f} MiB packed expert copy"
-        return done
+        return f"q/k/v fused, {n} linear layer{'s' * (n != 1)} packed for oneDNN"
 
     def weight_bytes(self) -> tuple[int, int]:
-        """(dense bytes, expert bytes) as stored (a packed CPU copy of w13 not included)."""
+        """(dense bytes, expert bytes) as stored."""
         dense = sum(p.numel() * p.element_size() for p in self.parameters())
         dense += sum(m.stored_bytes for m in self.modules() if isinstance(m, cpu_pack.PackedLinear))
         experts = 0
