@@ -20,13 +20,13 @@ BIN = Path(sys.executable).parent
 SHIPPED = Path(__file__).parents[2] / "serve" / "builtin" / "composer-tiny"
 
 
-def expert_script() -> list[dict]:
-    return [dict(turn) for turn in build(demo.FAMILY, demo.SEED, demo.SIZE).plan]
+def expert_script(family: str) -> list[dict]:
+    return [dict(turn) for turn in build(family, demo.DEMOS[family], demo.SIZE).plan]
 
 
 def fix(root: Path) -> None:
-    """Apply the expert's edit (the one correct fix)."""
-    call = next(c for t in expert_script() for c in t.get("tool_calls", []) if c["name"] == "edit_file")
+    """Apply the expert's edit (the one correct fix) to the bugfix demo."""
+    call = next(c for t in expert_script("bugfix") for c in t.get("tool_calls", []) if c["name"] == "edit_file")
     path = root / call["arguments"]["path"]
     text = path.read_text()
     assert call["arguments"]["old_string"] in text
@@ -40,46 +40,68 @@ def run_demo(tmp_path: Path, *args: str, timeout: float = 180) -> subprocess.Com
                           timeout=timeout, env=env)
 
 
-def test_the_demo_repository_fails_until_the_bug_is_fixed(tmp_path):
+@pytest.mark.slow
+def test_the_bugfix_demo_fails_until_the_bug_is_fixed(tmp_path):
     root = tmp_path / "repo"
-    task_id, prompt = demo.write_repo(root)
-    assert task_id == f"{demo.FAMILY}-{demo.SIZE}-{demo.SEED}" and prompt
-    assert demo.run_tests(root)[0] is False and demo.hidden_check(root)[0] is False
-    assert not (root / "_hidden").exists()
+    task = demo.demo_task("bugfix")
+    demo.write_repo(root, task)
+    assert demo.run_tests(root)[0] is False and demo.green(root, task, "")[0] is False
     fix(root)
     ok, line = demo.run_tests(root)
     assert ok and "passed" in line
-    assert demo.hidden_check(root)[0] is True
+    assert demo.green(root, task, "") == (True, "")
     assert not (root / "_hidden").exists()  # the checker ran on a copy
 
 
 def test_editing_the_test_instead_of_the_code_is_not_green(tmp_path):
     root = tmp_path / "repo"
-    demo.write_repo(root)
+    task = demo.demo_task("bugfix")
+    demo.write_repo(root, task)
     for test in (root / "tests").glob("test_*.py"):
         test.write_text("def test_nothing():\n    assert True\n")
     assert demo.run_tests(root)[0] is True
-    ok, detail = demo.hidden_check(root)
-    assert ok is False and "expected" in detail
+    ok, why = demo.green(root, task, "")
+    assert ok is False and "expected" in why
 
 
-def test_the_demo_with_the_experts_answers_goes_green_showing_parallel_calls(tmp_path):
-    with ScriptedServer(expert_script()) as srv:
+def test_the_find_def_demo_is_green_only_with_the_right_file(tmp_path):
+    root = tmp_path / "repo"
+    task = demo.demo_task("find-def")
+    assert task.seed >= 1_000_000  # a held-out task: the built-in model never trained on it
+    demo.write_repo(root, task)
+    right = expert_script("find-def")[-1]["content"]
+    assert demo.green(root, task, right) == (True, "")
+    wrong = right.replace(task.meta["module"], "pkg/report.py")
+    assert demo.green(root, task, wrong)[0] is False
+
+
+@pytest.mark.slow
+def test_the_bugfix_demo_with_the_experts_answers_goes_green_showing_parallel_calls(tmp_path):
+    with ScriptedServer(expert_script("bugfix")) as srv:
         p = run_demo(tmp_path, "--dir", str(tmp_path / "d"), "--base-url", srv.base_url)
         first = srv.chat_requests()[0]
     assert p.returncode == 0, p.stderr
     err = p.stderr
-    assert "wrote a small repository with a failing test" in err and "1 failed" in err
+    assert "wrote a small repository" in err and "1 failed" in err.split("asking")[0]
     assert "2 tool calls in one turn, run in parallel" in err
     for name in ("shell", "read_file", "edit_file"):
         assert f"→ {name} " in err
-    assert "demo: green" in err and "passed" in err.split("after:")[1]
+    assert "demo: green" in err and "passed" in err.split("its tests now:")[1]
     assert first["temperature"] == 0.0  # greedy
-    assert (tmp_path / "d" / ".git").is_dir()
-    log = subprocess.run(["git", "diff", "--stat"], cwd=tmp_path / "d", capture_output=True, text=True).stdout
-    assert "pkg/" in log  # the fix is there to look at
+    assert "small built-in model" not in err  # --base-url: no child server
+    diff = subprocess.run(["git", "diff", "--stat"], cwd=tmp_path / "d", capture_output=True, text=True).stdout
+    assert "pkg/" in diff  # the fix is there to look at
 
 
+@pytest.mark.slow
+def test_the_find_def_demo_with_the_experts_answers_goes_green(tmp_path):
+    with ScriptedServer(expert_script("find-def")) as srv:
+        p = run_demo(tmp_path, "--dir", str(tmp_path / "d"), "--base-url", srv.base_url, "--family", "find-def")
+    assert p.returncode == 0, p.stderr
+    assert "→ grep " in p.stderr and "demo: green" in p.stderr
+
+
+@pytest.mark.slow
 def test_the_demo_says_not_green_and_exits_1_when_the_model_does_not_fix_it(tmp_path):
     with ScriptedServer([{"content": "I could not find the bug."}]) as srv:
         p = run_demo(tmp_path, "--dir", str(tmp_path / "d"), "--base-url", srv.base_url)
@@ -108,7 +130,7 @@ def test_the_builtin_model_solves_the_demo_task_with_no_endpoint(tmp_path):
 
     p = run_demo(tmp_path, "--dir", str(tmp_path / "d"), timeout=600)
     assert p.returncode == 0, p.stderr
-    assert "small built-in model" in p.stderr and "demo: green" in p.stderr
+    assert "small built-in model" in p.stderr and "demo: green" in p.stderr and "cannot fix bugs" in p.stderr
     assert gone(SHIPPED, 1)
 
 
@@ -118,13 +140,14 @@ def test_composer_agent_task_with_no_endpoint_solves_the_demo_task_greedily(tmp_
     from tests.agent.test_builtin_model import gone
 
     root = tmp_path / "repo"
-    _, prompt = demo.write_repo(root)
+    task = demo.demo_task(demo.BUILTIN_FAMILY)
+    demo.write_repo(root, task)
     env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
     for var in ("COMPOSER_BASE_URL", "COMPOSER_BUILTIN_MODEL"):
         env.pop(var, None)
-    p = subprocess.run([str(BIN / "composer-agent"), "--cwd", str(root), "--task", prompt, "--json"],
+    p = subprocess.run([str(BIN / "composer-agent"), "--cwd", str(root), "--task", task.prompt, "--json"],
                        capture_output=True, text=True, timeout=600, env=env)
     events = [json.loads(line) for line in p.stdout.splitlines()]
     assert p.returncode == 0 and events[-1]["status"] == "completed", p.stderr
-    assert demo.run_tests(root)[0] and demo.hidden_check(root, answer=events[-1]["final_text"])[0]
+    assert demo.green(root, task, events[-1]["final_text"]) == (True, "")
     assert gone(SHIPPED, 1), "the child server outlived composer-agent"
