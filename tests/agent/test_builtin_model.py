@@ -69,7 +69,9 @@ def repo_with(tmp_path: Path, max_output_tokens: int) -> Path:
     """A workspace whose config caps the random model's answers (it never stops by itself)."""
     repo = tmp_path / "repo"
     (repo / ".composer").mkdir(parents=True)
-    (repo / ".composer" / "config.toml").write_text(f"max_output_tokens = {max_output_tokens}\nmax_turns = 1\n")
+    (repo / ".composer" / "config.toml").write_text(
+        f"max_output_tokens = {max_output_tokens}\nmax_turns = 1\n"
+    )
     (repo / "a.py").write_text("x = 1\n")
     return repo
 
@@ -98,9 +100,13 @@ def test_an_endpoint_anywhere_is_found_and_none_means_the_builtin(tmp_path, monk
 
 def test_the_shipped_checkpoint_is_located_without_importing_serve(monkeypatch):
     monkeypatch.delenv("COMPOSER_BUILTIN_MODEL", raising=False)
-    code = ("import sys; from agent.builtin_model import builtin_model_dir; print(builtin_model_dir()); "
-            "print('serve' in sys.modules, 'torch' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    code = (
+        "import sys; from agent.builtin_model import builtin_model_dir; print(builtin_model_dir()); "
+        "print('serve' in sys.modules, 'torch' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split("\n")
     assert Path(out[0]) == Path(__file__).parents[2] / "serve" / "builtin" / "composer-tiny"
     assert out[1] == "False False"
     assert builtin_model_dir() == Path(out[0])
@@ -121,8 +127,13 @@ def test_a_broken_builtin_checkpoint_is_one_error_line_with_the_servers_reason(t
     bad.mkdir()
     (bad / "config.json").write_text("{}")  # no tokenizer, no weights
     repo = repo_with(tmp_path, 8)
-    p = subprocess.run([str(BIN / "composer-agent"), "--cwd", str(repo), "--task", "hi"], capture_output=True,
-                       text=True, timeout=120, env=agent_env(tmp_path, bad))
+    p = subprocess.run(
+        [str(BIN / "composer-agent"), "--cwd", str(repo), "--task", "hi"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=agent_env(tmp_path, bad),
+    )
     assert p.returncode == 2 and "Traceback" not in p.stderr.split("exited with code")[0], p.stderr
     assert "the built-in model server exited with code" in p.stderr
     assert "No such file" in p.stderr  # the server's own reason (its missing tokenizer) is shown
@@ -136,8 +147,13 @@ def test_a_broken_builtin_checkpoint_is_one_error_line_with_the_servers_reason(t
 @pytest.mark.slow
 def test_task_with_no_endpoint_serves_the_builtin_says_so_and_stops_it(tmp_path, checkpoint):
     repo = repo_with(tmp_path, 8)
-    p = subprocess.run([str(BIN / "composer-agent"), "--cwd", str(repo), "--task", "hi", "--json"],
-                       capture_output=True, text=True, timeout=180, env=agent_env(tmp_path, checkpoint))
+    p = subprocess.run(
+        [str(BIN / "composer-agent"), "--cwd", str(repo), "--task", "hi", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=agent_env(tmp_path, checkpoint),
+    )
     events = [json.loads(line) for line in p.stdout.splitlines()]
     started = next(e for e in events if e["type"] == "session_started")
     assert started["model"] == "composer-tiny" and started["base_url"].startswith("http://127.0.0.1:")
@@ -151,9 +167,14 @@ def test_task_with_no_endpoint_serves_the_builtin_says_so_and_stops_it(tmp_path,
 @pytest.mark.slow
 def test_plain_mode_with_no_endpoint_uses_the_builtin_and_stops_it_on_eof(tmp_path, checkpoint):
     repo = repo_with(tmp_path, 8)
-    p = subprocess.run([str(BIN / "composer-agent"), "--cwd", str(repo), "--plain"], input="hello\n",
-                       capture_output=True, text=True, timeout=180, env={**agent_env(tmp_path, checkpoint),
-                                                                         "TERM": "dumb"})
+    p = subprocess.run(
+        [str(BIN / "composer-agent"), "--cwd", str(repo), "--plain"],
+        input="hello\n",
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**agent_env(tmp_path, checkpoint), "TERM": "dumb"},
+    )
     assert p.returncode == 0, p.stderr
     assert NOTICE in p.stderr and "composer-tiny" in p.stdout + p.stderr
     assert gone(checkpoint, 1)
@@ -163,9 +184,13 @@ def start_agent(tmp_path: Path, checkpoint: Path) -> tuple[subprocess.Popen, dic
     """composer-agent --task --json on the built-in model, answering at length; returns once the
     session has started (so the child is up and a turn is running)."""
     repo = repo_with(tmp_path, 4000)
-    proc = subprocess.Popen([str(BIN / "composer-agent"), "--cwd", str(repo), "--task", "hi", "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=agent_env(tmp_path, checkpoint))
+    proc = subprocess.Popen(
+        [str(BIN / "composer-agent"), "--cwd", str(repo), "--task", "hi", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=agent_env(tmp_path, checkpoint),
+    )
     for line in proc.stdout:
         event = json.loads(line)
         if event["type"] == "session_started":
@@ -197,9 +222,13 @@ def test_ctrl_c_mid_turn_interrupts_and_stops_the_child(tmp_path, checkpoint):
 @pytest.mark.slow
 def test_ctrl_c_while_the_model_loads_stops_the_child(tmp_path, checkpoint):
     repo = repo_with(tmp_path, 8)
-    proc = subprocess.Popen([str(BIN / "composer-agent"), "--cwd", str(repo), "--task", "hi"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=agent_env(tmp_path, checkpoint))
+    proc = subprocess.Popen(
+        [str(BIN / "composer-agent"), "--cwd", str(repo), "--task", "hi"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=agent_env(tmp_path, checkpoint),
+    )
     deadline = time.monotonic() + 60
     while not serve_children(checkpoint):  # the child exists: it is loading
         assert time.monotonic() < deadline and proc.poll() is None
@@ -213,8 +242,13 @@ def test_ctrl_c_while_the_model_loads_stops_the_child(tmp_path, checkpoint):
 @pytest.mark.slow
 def test_composer_serve_with_no_model_serves_the_builtin(tmp_path, checkpoint):
     env = {**os.environ, "COMPOSER_BUILTIN_MODEL": str(checkpoint)}
-    proc = subprocess.Popen([str(BIN / "composer-serve"), "--port", "0"], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, env=env)
+    proc = subprocess.Popen(
+        [str(BIN / "composer-serve"), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
     try:
         line = proc.stdout.readline()
         assert line.startswith("composer-serve: serving composer-tiny at http://127.0.0.1:"), line
@@ -236,6 +270,7 @@ def test_composer_serve_with_no_model_serves_the_builtin(tmp_path, checkpoint):
 
 def test_composer_serve_with_no_model_and_no_builtin_says_so(tmp_path):
     env = {**os.environ, "COMPOSER_BUILTIN_MODEL": str(tmp_path / "missing")}
-    p = subprocess.run([str(BIN / "composer-serve"), "--port", "0"], capture_output=True, text=True, env=env,
-                       timeout=60)
+    p = subprocess.run(
+        [str(BIN / "composer-serve"), "--port", "0"], capture_output=True, text=True, env=env, timeout=60
+    )
     assert p.returncode == 2 and "built-in model is not installed" in p.stderr and "--model" in p.stderr

@@ -26,7 +26,9 @@ def expert_script(family: str) -> list[dict]:
 
 def fix(root: Path) -> None:
     """Apply the expert's edit (the one correct fix) to the bugfix demo."""
-    call = next(c for t in expert_script("bugfix") for c in t.get("tool_calls", []) if c["name"] == "edit_file")
+    call = next(
+        c for t in expert_script("bugfix") for c in t.get("tool_calls", []) if c["name"] == "edit_file"
+    )
     path = root / call["arguments"]["path"]
     text = path.read_text()
     assert call["arguments"]["old_string"] in text
@@ -36,8 +38,9 @@ def fix(root: Path) -> None:
 def run_demo(tmp_path: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
     env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
     env.pop("COMPOSER_BASE_URL", None)
-    return subprocess.run([str(BIN / "composer-agent"), "demo", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [str(BIN / "composer-agent"), "demo", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 @pytest.mark.slow
@@ -89,14 +92,18 @@ def test_the_bugfix_demo_with_the_experts_answers_goes_green_showing_parallel_ca
     assert "demo: green" in err and "passed" in err.split("its tests now:")[1]
     assert first["temperature"] == 0.0  # greedy
     assert "small built-in model" not in err  # --base-url: no child server
-    diff = subprocess.run(["git", "diff", "--stat"], cwd=tmp_path / "d", capture_output=True, text=True).stdout
+    diff = subprocess.run(
+        ["git", "diff", "--stat"], cwd=tmp_path / "d", capture_output=True, text=True
+    ).stdout
     assert "pkg/" in diff  # the fix is there to look at
 
 
 @pytest.mark.slow
 def test_the_find_def_demo_with_the_experts_answers_goes_green(tmp_path):
     with ScriptedServer(expert_script("find-def")) as srv:
-        p = run_demo(tmp_path, "--dir", str(tmp_path / "d"), "--base-url", srv.base_url, "--family", "find-def")
+        p = run_demo(
+            tmp_path, "--dir", str(tmp_path / "d"), "--base-url", srv.base_url, "--family", "find-def"
+        )
     assert p.returncode == 0, p.stderr
     assert "→ grep " in p.stderr and "demo: green" in p.stderr
 
@@ -119,8 +126,10 @@ def test_the_demo_refuses_a_folder_that_is_not_empty(tmp_path):
 
 # -- the shipped model --------------------------------------------------------------------------------
 
-needs_shipped = pytest.mark.skipif(not (SHIPPED / "config.json").is_file(),
-                                   reason="the trained composer-tiny checkpoint is not in serve/builtin yet")
+needs_shipped = pytest.mark.skipif(
+    not (SHIPPED / "config.json").is_file(),
+    reason="the trained composer-tiny checkpoint is not in serve/builtin yet",
+)
 
 
 @needs_shipped
@@ -145,8 +154,13 @@ def test_composer_agent_task_with_no_endpoint_solves_the_demo_task_greedily(tmp_
     env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "xdg")}
     for var in ("COMPOSER_BASE_URL", "COMPOSER_BUILTIN_MODEL"):
         env.pop(var, None)
-    p = subprocess.run([str(BIN / "composer-agent"), "--cwd", str(root), "--task", task.prompt, "--json"],
-                       capture_output=True, text=True, timeout=600, env=env)
+    p = subprocess.run(
+        [str(BIN / "composer-agent"), "--cwd", str(root), "--task", task.prompt, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+    )
     events = [json.loads(line) for line in p.stdout.splitlines()]
     assert p.returncode == 0 and events[-1]["status"] == "completed", p.stderr
     assert demo.green(root, task, events[-1]["final_text"]) == (True, "")
