@@ -21,7 +21,7 @@ from agent.tools.context import ToolContext
 SYNC_BUDGET_S = 45.0
 SNIPPET_LINES = 12
 # What the index needs beyond the agent's own dependencies (found without importing them).
-INDEX_MODULES = ("numpy", "scipy", "faiss", "sentence_transformers", "tree_sitter", "Stemmer", "git")
+INDEX_MODULES = ("numpy", "scipy", "faiss", "sentence_transformers", "tokenizers", "tree_sitter", "Stemmer")
 SHORT_SNIPPET_LINES = 4  # when many results are asked for, keep the answer compact
 _open_lock = threading.Lock()
 
@@ -35,8 +35,8 @@ def semantic_search(
 ) -> ToolResult:
     """Find code by meaning rather than exact text: describe what you are looking for in plain words
     ("where are HTTP retries handled", "function that parses the config file"). Returns ranked code
-    chunks (functions, classes, file sections) with path:start-end lines, the enclosing symbol and a
-    snippet. The index updates itself before each search. Use grep instead for exact identifiers or
+    chunks (functions, methods, file sections; one per definition) with path:start-end lines, the
+    enclosing symbol and a snippet. The index updates itself before each search. Use grep instead for exact identifiers or
     strings.
 
     Args:
