@@ -274,3 +274,22 @@ def test_composer_serve_with_no_model_and_no_builtin_says_so(tmp_path):
         [str(BIN / "composer-serve"), "--port", "0"], capture_output=True, text=True, env=env, timeout=60
     )
     assert p.returncode == 2 and "built-in model is not installed" in p.stderr and "--model" in p.stderr
+
+
+@pytest.mark.slow
+def test_a_terminal_sees_a_live_line_while_the_model_loads(tmp_path, checkpoint):
+    pexpect = pytest.importorskip("pexpect")
+    repo = repo_with(tmp_path, 8)
+    child = pexpect.spawn(
+        str(BIN / "composer-agent"),
+        ["--cwd", str(repo), "--task", "hi"],
+        env=agent_env(tmp_path, checkpoint),
+        encoding="utf-8",
+        timeout=120,
+    )
+    child.expect_exact("small built-in model")
+    child.expect(r"loading the built-in model\.\.\. \d+ s")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus in (0, 1)  # a random model's answer: done or stopped by a limit
+    assert gone(checkpoint, 1)
