@@ -99,7 +99,7 @@ def sample_batch(logits_BV: torch.Tensor, params: list[SamplingParams], generato
 
 def advance(matcher, token: int) -> None:
     """Feed the sampled token to its grammar; a token the grammar refuses means the mask was not applied."""
-    if not matcher.accept_token(token):
+    if not matcher.consume_token(token):
         raise RuntimeError(f"token {token} does not follow the request's grammar")
 
 
