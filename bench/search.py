@@ -4,6 +4,7 @@
                                                    partially documented code in six languages, ours vs
                                                    the naive baseline (bench/search_eval.py)
     python bench/search.py cold     [--runs N]     `composer-agent search` in a fresh process, numpy vs torch
+    python bench/search.py embedders --models A,B  load time, memory, chunks/s of embedders, side by side
     python bench/search.py quality  [--work DIR]   docstring -> function on the stdlib (bench/corpus.py)
     python bench/search.py build    [--work DIR]   full build of the unmodified stdlib: chunks/s, memory
     python bench/search.py sync     [--work DIR]   change one file of the built stdlib index, re-sync
@@ -210,35 +211,30 @@ def cmd_multi(args) -> None:
     _ = base.model  # load the weights now, to time them
     load_s = time.monotonic() - t
     slug = Path(base.name).name.replace("/", "_")
-    # Embedding speed on real chunks (the C corpus as the index cuts it), uncached.
-    from index.sync import chunk_for, embed_text
+    if args.threads:
+        import torch
 
-    src = search_corpora.corpus_dir("c")
-    sample = []
-    for p in search_corpora.source_files(src)[:12]:
-        rel = p.relative_to(src).as_posix()
-        sample += [embed_text(rel, c.symbol, c.code, c.context) for c in chunk_for(rel, p.read_text(), base)]
-    sample = sample[:96]
-    base.encode(sample[:16])
-    t = time.monotonic()
-    base.encode(sample)
-    speed = len(sample) / (time.monotonic() - t)
+        torch.set_num_threads(args.threads)  # on busy shared cores, fewer threads wait less on each other
     print(f"embedder {base.name} ({base.dtype}, dim {base.dim}, max {base.max_tokens} tokens): load "
-          f"{load_s:.1f}s, +{peak_rss_mib() - rss0:.0f} MiB peak RSS, {speed:.1f} chunks/s on {len(sample)} "
-          f"C chunks ({np.mean(base.count_tokens(sample)):.0f} tokens avg)")
+          f"{load_s:.1f}s, +{peak_rss_mib() - rss0:.0f} MiB peak RSS")
     emb = CachedEmbedder(base, args.work / "vector-cache" / f"{slug}.npz") if not args.no_cache else base
     modes = ["naive dense", "naive BM25", "naive RRF", "ours dense", "ours lexical", "ours doc",
              "ours fused"]
     table: dict[str, dict[str, dict[str, float]]] = {}
     pooled: dict[str, list[list[bool]]] = {m: [] for m in modes}
     per_query: list[tuple[str, str, object]] = []  # (lang, path, (cands, rows, q)) for tuning
+    speeds: list[tuple[int, float]] = []  # (chunks embedded, seconds) of each index build
     for lang in langs:
         root, queries, units = se.build(lang, args.work / "multi" / lang)
         ix = CodeIndex(root, embedder=emb, index_dir=args.work / "multi" / lang / f"index-{slug}")
         t = time.monotonic()
+        misses = getattr(emb, "misses", 0)
         report = ix.sync(progress=_progress)
+        dt = time.monotonic() - t
+        embedded = getattr(emb, "misses", report.embedded) - misses
+        speeds.append((embedded, dt))
         print(f"{lang}: {len(queries)} queries, {report.indexed_files} files, {report.chunks} chunks "
-              f"({time.monotonic() - t:.0f}s), naive baseline {len(units)} functions", flush=True)
+              f"({embedded} embedded in {dt:.0f}s), naive baseline {len(units)} functions", flush=True)
         cands = ix.candidates([q.query for q in queries], 100)
         rows = ix.chunks(sorted({i for c in cands for r in c for i in r[0]}))
         n_dense, n_bm25 = se.naive_rankings(units, queries, emb)
@@ -297,6 +293,11 @@ def cmd_multi(args) -> None:
           f"{best.lexical:g}, doc {best.doc:g}: test half {score(test, best):.1f} MRR@10 vs shipped "
           f"{score(test, Weights()):.1f} ({len(test)} queries)")
     print("  dev grid: " + ", ".join(f"{w.dense:g}/{w.lexical:g}/{w.doc:g}={score(dev, w):.1f}" for w in grid))
+    n_emb, secs = sum(n for n, _ in speeds), sum(s for _, s in speeds)
+    speed = n_emb / secs if n_emb and secs else None
+    if speed:
+        print(f"index builds: {n_emb} chunks embedded in {secs:.0f}s = {speed:.1f} chunks/s "
+              f"(load average {os.getloadavg()[0]:.1f})")
     out = args.work / f"multi-results-{slug}.json"
     out.write_text(json.dumps({"model": base.name, "load_s": load_s, "chunks_per_s": speed,
                                "table": table, "macro": macro}, indent=2))
@@ -313,8 +314,8 @@ def cmd_cold(args) -> None:
     least)."""
     from bench.search_eval import python_corpus
 
-    repo = args.work / "cold-repo"
-    if not (repo / ".git").is_dir():
+    repo = args.repo or args.work / "cold-repo"
+    if args.repo is None and not (repo / ".git").is_dir():
         shutil.copytree(python_corpus(), repo, ignore=shutil.ignore_patterns(".complete"))
         subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
     ix = CodeIndex(repo)
@@ -561,6 +562,57 @@ def cmd_embed(args) -> None:
     print(f"cosine(bfloat16, float32): min {cos.min():.4f}, mean {cos.mean():.4f}")
 
 
+def cmd_embedders(args) -> None:
+    """Candidate embedders side by side in one process: load time (after sentence-transformers is
+    imported, so the import is not charged to the first), resident memory added, and embedding speed on
+    the same real chunks, the models taking turns per batch."""
+    import numpy as np
+
+    from bench import search_corpora
+    from index.embed import load_embedder
+    from index.sync import chunk_for, embed_text
+
+    t = time.monotonic()
+    import sentence_transformers  # noqa: F401
+
+    print(f"import sentence-transformers: {time.monotonic() - t:.1f}s; load average {os.getloadavg()[0]:.1f}")
+    models = [m for m in (args.models or "").split(",") if m] or [None]
+    loaded = []
+    for m in models:
+        rss = _rss_mib()
+        t = time.monotonic()
+        emb = load_embedder(m)
+        _ = emb.model
+        loaded.append(emb)
+        print(f"{emb.name}: load {time.monotonic() - t:.1f}s, +{_rss_mib() - rss:.0f} MiB RSS, dim {emb.dim}, "
+              f"max {emb.max_tokens} tokens")
+    src = search_corpora.corpus_dir("c")
+    texts = []
+    for p in search_corpora.source_files(src)[:6]:
+        rel = p.relative_to(src).as_posix()
+        texts += [embed_text(rel, c.symbol, c.code, c.context) for c in chunk_for(rel, p.read_text(), loaded[0])]
+    batches = [texts[i:i + 32] for i in range(0, min(len(texts), 32 * args.runs), 32)]
+    spent = {e.name: 0.0 for e in loaded}
+    done = {e.name: 0 for e in loaded}
+    for b in batches:
+        for e in loaded:
+            t = time.monotonic()
+            e.encode(b)
+            spent[e.name] += time.monotonic() - t
+            done[e.name] += len(b)
+    for e in loaded:
+        toks = np.mean(e.count_tokens(texts[:32 * args.runs]))
+        print(f"{e.name}: {done[e.name] / spent[e.name]:.1f} chunks/s ({done[e.name]} chunks, {toks:.0f} "
+              f"tokens avg, taking turns per batch of 32)")
+
+
+def _rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def cmd_all(args) -> None:
     print(f"machine: {machine()}\n")
     for sub in ("quality", "build", "sync", "latency"):
@@ -572,20 +624,22 @@ def cmd_all(args) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=["multi", "cold", "quality", "build", "sync", "latency", "repo", "embed", "all"])
+    p.add_argument("command", choices=["multi", "cold", "embedders", "quality", "build", "sync", "latency", "repo", "embed", "all"])
     p.add_argument("--work", type=Path, default=DEFAULT_WORK, help="scratch folder (kept between runs)")
     p.add_argument("--limit", type=int, default=0, help="quality: evaluate at most this many queries")
     p.add_argument("--min-chunks", type=int, default=100_000, help="latency: index size to reach")
-    p.add_argument("--repo", type=Path, help="repo: a git work tree with history")
+    p.add_argument("--repo", type=Path, help="repo: a git work tree with history; cold: an indexed repository")
     p.add_argument("--rev", default="HEAD", help="repo: the revision whose tree and history are used")
     p.add_argument("--max-commits", type=int, default=500)
     p.add_argument("--model", help="multi: embedding model folder or name (default: the index's default)")
     p.add_argument("--langs", help="multi: comma-separated languages (default: all)")
     p.add_argument("--no-cache", action="store_true", help="multi: embed everything again")
     p.add_argument("--runs", type=int, default=10, help="cold: runs of each variant")
+    p.add_argument("--models", help="embedders: comma-separated model folders or names")
+    p.add_argument("--threads", type=int, default=0, help="multi: torch threads (default: torch's)")
     args = p.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    {"multi": cmd_multi, "cold": cmd_cold, "quality": cmd_quality, "build": cmd_build, "sync": cmd_sync, "latency": cmd_latency,
+    {"multi": cmd_multi, "cold": cmd_cold, "embedders": cmd_embedders, "quality": cmd_quality, "build": cmd_build, "sync": cmd_sync, "latency": cmd_latency,
      "repo": cmd_repo, "embed": cmd_embed, "all": cmd_all}[args.command](args)
 
 

@@ -47,7 +47,7 @@ JAVA_DIRS = (
 C_LINES = 40_000
 # Every corpus is cut to about this many lines (whole files, in a fixed pseudo-random order): big
 # enough to hold hundreds of functions, small enough to embed twice (ours, naive) on 2 CPU cores.
-MAX_LINES = 15_000
+MAX_LINES = 6_000
 EXTENSIONS = {
     "c": (".c",),
     "java": (".java",),

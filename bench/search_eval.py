@@ -30,10 +30,10 @@ from bench import corpus as corpus_mod
 from bench import search_corpora
 from index.languages import ATTRIBUTES, WRAPPERS, definition, language_for, parser_for
 
-SAMPLE_SHARE = 0.2
-SAMPLE_MAX = 80
+SAMPLE_SHARE = 0.4
+SAMPLE_MAX = 40
 PYTHON_DIRS = ("email", "json", "http", "logging", "urllib", "xml/dom", "importlib")
-PYTHON_MAX_LINES = 15_000
+PYTHON_MAX_LINES = 6_000
 FUNCTION_KINDS = {
     "function_definition",
     "function_declaration",
