@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -293,3 +295,39 @@ def test_a_terminal_sees_a_live_line_while_the_model_loads(tmp_path, checkpoint)
     child.close()
     assert child.exitstatus in (0, 1)  # a random model's answer: done or stopped by a limit
     assert gone(checkpoint, 1)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_the_full_screen_interface_with_no_endpoint_connects_to_the_builtin_and_stops_it(
+    tmp_path, checkpoint
+):
+    from tests.agent.tui.test_tmux import Tmux
+
+    repo = repo_with(tmp_path, 8)
+    env = agent_env(tmp_path, checkpoint)
+    command = shlex.join(
+        [
+            "env",
+            "-u",
+            "COMPOSER_BASE_URL",
+            f"XDG_CONFIG_HOME={env['XDG_CONFIG_HOME']}",
+            f"COMPOSER_BUILTIN_MODEL={checkpoint}",
+            str(BIN / "composer-agent"),
+            "--cwd",
+            str(repo),
+        ]
+    )
+    tmux = Tmux()
+    try:
+        assert (
+            tmux("new-session", "-d", "-s", "ui", "-x", "110", "-y", "32", command + "; sleep 30").returncode
+            == 0
+        )
+        tmux.wait_for("Ask Composer", timeout=120)
+        tmux.wait_for("composer-tiny", timeout=60)  # connected to the built-in model
+        assert serve_children(checkpoint)
+        tmux("send-keys", "-t", "ui", "C-d")
+        assert gone(checkpoint), "the child server outlived the full-screen interface"
+    finally:
+        tmux("kill-server")
