@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
@@ -215,23 +215,31 @@ def _json(schema: dict[str, Any] | None) -> str:
 def mask_rows(logits_BV, matchers: list) -> None:
     """Set to -inf, in place, every token a row's grammar forbids now (rows whose matcher is None are free)."""
     import torch
-    from llguidance.torch import allocate_token_bitmask, fill_next_token_bitmask
+    from llguidance.torch import allocate_token_bitmask, fill_next_token_bitmask_par
 
     rows = [i for i, m in enumerate(matchers) if m is not None]
     if not rows:
         return
     V = logits_BV.shape[1]
     bitmask = allocate_token_bitmask(len(rows), V)
-    for j, i in enumerate(rows):
-        fill_next_token_bitmask(matchers[i], bitmask, j)
+    fill_next_token_bitmask_par(_executor(), [(matchers[i], j) for j, i in enumerate(rows)], bitmask)
+    for i in rows:
         if matchers[i].is_error():
             raise RuntimeError(f"the request's grammar failed: {_short(matchers[i].get_error())}")
     allowed = (
         bitmask.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)
-    ) & 1  # [R, W, 32], bit b of word w
+    ) & 1  # [R, W, 32]: bit b of word w allows token 32 w + b
     allowed = allowed.reshape(len(rows), -1)[:, :V].bool().to(logits_BV.device)
-    index = torch.tensor(rows, device=logits_BV.device)
-    logits_BV[index] = logits_BV[index].masked_fill(~allowed, float("-inf"))
+    for j, i in enumerate(rows):  # in place, row by row (an indexed put copies the rows twice)
+        logits_BV[i].masked_fill_(~allowed[j], float("-inf"))
+
+
+@cache
+def _executor():
+    """llguidance's pool that fills a batch's masks in parallel (one thread per core)."""
+    import llguidance
+
+    return llguidance.LLExecutor()
 
 
 def _model_vocab_size(model_dir: Path) -> int | None:
