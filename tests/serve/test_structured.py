@@ -17,17 +17,33 @@ import pytest
 
 from .conftest import KEY, start_server
 
-WEATHER = {"type": "object", "properties": {
-    "city": {"type": "string", "enum": ["Paris", "Oslo", "Lima"]},
-    "days": {"type": "integer", "minimum": 1, "maximum": 7},
-    "note": {"type": "string", "maxLength": 8},
-    "metric": {"type": "boolean"},
-}, "required": ["city", "days"], "additionalProperties": False}
-READ = {"type": "object", "properties": {"path": {"type": "string", "enum": ["a.py", "b.py"]},
-                                         "limit": {"type": "integer", "minimum": 0, "maximum": 99}},
-        "required": ["path"], "additionalProperties": False}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": WEATHER}},
-         {"type": "function", "function": {"name": "read_file", "description": "Read", "parameters": READ}}]
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "enum": ["Paris", "Oslo", "Lima"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+        "note": {"type": "string", "maxLength": 8},
+        "metric": {"type": "boolean"},
+    },
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+READ = {
+    "type": "object",
+    "properties": {
+        "path": {"type": "string", "enum": ["a.py", "b.py"]},
+        "limit": {"type": "integer", "minimum": 0, "maximum": 99},
+    },
+    "required": ["path"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "Weather", "parameters": WEATHER},
+    },
+    {"type": "function", "function": {"name": "read_file", "description": "Read", "parameters": READ}},
+]
 SCHEMAS = {"get_weather": WEATHER, "read_file": READ}
 MSGS = [{"role": "user", "content": "What is the weather in Oslo for three days?"}]
 
@@ -46,20 +62,37 @@ def check_calls(calls, names=tuple(SCHEMAS)) -> None:
 
 def test_required_tool_choice_returns_valid_calls(client):
     """Three sampled choices in one batch, each a call of an offered tool with schema-valid arguments."""
-    r = client.chat.completions.create(model="tiny", messages=MSGS, tools=TOOLS, tool_choice="required", n=3,
-                                       seed=7, temperature=1.0, max_tokens=150)
+    r = client.chat.completions.create(
+        model="tiny",
+        messages=MSGS,
+        tools=TOOLS,
+        tool_choice="required",
+        n=3,
+        seed=7,
+        temperature=1.0,
+        max_tokens=150,
+    )
     for choice in r.choices:
         assert choice.finish_reason == "tool_calls", choice
         check_calls(choice.message.tool_calls)
     # The control: left to itself (tool_choice auto), the same random model writes no call.
-    free = client.chat.completions.create(model="tiny", messages=MSGS, tools=TOOLS, n=3, seed=7, max_tokens=60)
+    free = client.chat.completions.create(
+        model="tiny", messages=MSGS, tools=TOOLS, n=3, seed=7, max_tokens=60
+    )
     assert all(c.message.tool_calls is None and c.finish_reason != "tool_calls" for c in free.choices)
 
 
 def test_named_function_streamed(client):
     stream = client.chat.completions.create(
-        model="tiny", messages=MSGS, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "read_file"}},
-        parallel_tool_calls=False, stream=True, seed=3, max_tokens=150)
+        model="tiny",
+        messages=MSGS,
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "read_file"}},
+        parallel_tool_calls=False,
+        stream=True,
+        seed=3,
+        max_tokens=150,
+    )
     calls, finish = [], None
     for chunk in stream:
         for ch in chunk.choices:
@@ -71,13 +104,19 @@ def test_named_function_streamed(client):
 
 def test_json_schema_streamed_and_not(client):
     fmt = {"type": "json_schema", "json_schema": {"name": "weather", "schema": WEATHER, "strict": True}}
-    r = client.chat.completions.create(model="tiny", messages=MSGS, response_format=fmt, n=2, seed=11,
-                                       max_tokens=150)
+    r = client.chat.completions.create(
+        model="tiny", messages=MSGS, response_format=fmt, n=2, seed=11, max_tokens=150
+    )
     for choice in r.choices:
         assert choice.finish_reason == "stop"
         jsonschema.validate(json.loads(choice.message.content), WEATHER)
-    text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
-        model="tiny", messages=MSGS, response_format=fmt, stream=True, seed=12, max_tokens=150) if c.choices)
+    text = "".join(
+        c.choices[0].delta.content or ""
+        for c in client.chat.completions.create(
+            model="tiny", messages=MSGS, response_format=fmt, stream=True, seed=12, max_tokens=150
+        )
+        if c.choices
+    )
     jsonschema.validate(json.loads(text), WEATHER)
     # The control: without response_format the same model writes no JSON.
     free = client.chat.completions.create(model="tiny", messages=MSGS, seed=11, max_tokens=40)
@@ -86,8 +125,9 @@ def test_json_schema_streamed_and_not(client):
 
 
 def test_json_object(client):
-    r = client.chat.completions.create(model="tiny", messages=MSGS, response_format={"type": "json_object"},
-                                       temperature=0, max_tokens=150)
+    r = client.chat.completions.create(
+        model="tiny", messages=MSGS, response_format={"type": "json_object"}, temperature=0, max_tokens=150
+    )
     assert r.choices[0].finish_reason == "stop"
     assert isinstance(json.loads(r.choices[0].message.content), dict)
 
@@ -96,16 +136,27 @@ def test_constrained_and_free_sequences_share_a_batch(client, hermes_server):
     """Different grammars and none, at once: each answer follows its own (masks are per sequence)."""
     if hermes_server.engine != "native":
         pytest.skip("the hf engine serves one request at a time")
-    point = {"type": "object", "properties": {"x": {"type": "integer", "minimum": -9, "maximum": 9},
-                                              "ok": {"type": "boolean"}}, "required": ["x", "ok"],
-             "additionalProperties": False}
-    jobs = [dict(response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": WEATHER}}),
-            dict(response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": point}}),
-            dict(tools=TOOLS, tool_choice="required"),
-            dict()]
+    point = {
+        "type": "object",
+        "properties": {"x": {"type": "integer", "minimum": -9, "maximum": 9}, "ok": {"type": "boolean"}},
+        "required": ["x", "ok"],
+        "additionalProperties": False,
+    }
+    jobs = [
+        dict(response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": WEATHER}}),
+        dict(response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": point}}),
+        dict(tools=TOOLS, tool_choice="required"),
+        dict(),
+    ]
     with ThreadPoolExecutor(len(jobs)) as pool:
-        out = list(pool.map(lambda kw: client.chat.completions.create(
-            model="tiny", messages=MSGS, seed=5, max_tokens=120, **kw).choices[0], jobs))
+        out = list(
+            pool.map(
+                lambda kw: client.chat.completions.create(
+                    model="tiny", messages=MSGS, seed=5, max_tokens=120, **kw
+                ).choices[0],
+                jobs,
+            )
+        )
     jsonschema.validate(json.loads(out[0].message.content), WEATHER)
     jsonschema.validate(json.loads(out[1].message.content), point)
     check_calls(out[2].message.tool_calls)
@@ -113,13 +164,21 @@ def test_constrained_and_free_sequences_share_a_batch(client, hermes_server):
         json.loads(out[3].message.content)
 
 
-@pytest.mark.parametrize("schema,code", [({"type": "objec"}, None),  # not a JSON Schema: refused by validation
-                                         ({"type": "object", "properties": {"a": {"$ref": "#/$defs/none"}}},
-                                          "invalid_json_schema")])  # valid, but no grammar can be built
+@pytest.mark.parametrize(
+    "schema,code",
+    [
+        ({"type": "objec"}, None),  # not a JSON Schema: refused by validation
+        ({"type": "object", "properties": {"a": {"$ref": "#/$defs/none"}}}, "invalid_json_schema"),
+    ],
+)  # valid, but no grammar can be built
 def test_bad_schemas_are_400s(client, schema, code):
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="tiny", messages=MSGS, max_tokens=5, response_format={
-            "type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+        client.chat.completions.create(
+            model="tiny",
+            messages=MSGS,
+            max_tokens=5,
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+        )
     err = e.value.body
     assert err["param"] == "response_format" and (code is None or err["code"] == code), err
 
@@ -130,13 +189,21 @@ def test_qwen3_coder_format_calls(tiny_coder):
     srv = start_server(tiny_coder, "--served-model-name", "tiny", "--dtype", "float32")
     try:
         c = openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0)
-        r = c.chat.completions.create(model="tiny", messages=MSGS, tools=TOOLS, tool_choice="required", n=3, seed=2,
-                                      max_tokens=150)
+        r = c.chat.completions.create(
+            model="tiny", messages=MSGS, tools=TOOLS, tool_choice="required", n=3, seed=2, max_tokens=150
+        )
         for choice in r.choices:
             assert choice.finish_reason == "tool_calls", choice
             check_calls(choice.message.tool_calls)
-        r = c.chat.completions.create(model="tiny", messages=MSGS, tools=TOOLS, stream=True, seed=4, max_tokens=150,
-                                      tool_choice={"type": "function", "function": {"name": "get_weather"}})
+        r = c.chat.completions.create(
+            model="tiny",
+            messages=MSGS,
+            tools=TOOLS,
+            stream=True,
+            seed=4,
+            max_tokens=150,
+            tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        )
         calls = [tc for chunk in r for ch in chunk.choices for tc in ch.delta.tool_calls or []]
         check_calls(calls, names=("get_weather",))
     finally:
