@@ -58,7 +58,8 @@ def build_parser() -> Parser:
     p.add_argument("--sandbox", action="store_true", default=None,
                    help="run shell commands under bubblewrap: no network, writes only in the workspace")
     m = p.add_argument_group("model server")
-    m.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")
+    m.add_argument("--base-url", help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1 (default: "
+                   "COMPOSER_BASE_URL or the config; with none, the small built-in model is served locally)")
     m.add_argument("--model", help="model name (default: the first one the server lists)")
     m.add_argument("--api-key", help="API key (or COMPOSER_API_KEY)")
     m.add_argument("--context-window", type=int, metavar="TOKENS",
