@@ -27,9 +27,10 @@ def map_path_parameters(context, path_parameters):
 
 # 400s for what a schema cannot say: limits of this deployment (context length, vocabulary) and rules
 # across fields (top_logprobs needs logprobs, tool_choice names one of the tools, the template's rules
-# about the conversation). Each has its own `code`, so only these are let through.
+# about the conversation, a JSON Schema valid as such that no grammar can be built from). Each has its own
+# `code`, so only these are let through.
 SEMANTIC = {"context_length_exceeded", "empty_prompt", "invalid_token_id", "invalid_tool_choice",
-            "logprobs_required", "chat_template_error"}
+            "logprobs_required", "chat_template_error", "invalid_json_schema"}
 
 
 SEED_RANGE = (-(2**63), 2**64 - 1)  # serve/schemas.py
