@@ -41,7 +41,7 @@ NOTICE = (
     "COMPOSER_BASE_URL or base_url in .composer/config.toml"
 )
 PR_SET_PDEATHSIG = 1
-BUILTIN_MAX_TOKENS = 160  # per turn, as in its training and evaluation
+BUILTIN_MAX_TOKENS = 96  # per turn, as in its evaluation (its turns are a few dozen tokens)
 
 
 class BuiltinModelError(Exception):
@@ -81,7 +81,7 @@ class LocalServer:
 
     def configure(self, config) -> None:
         """Point `config` at this server, greedy and with short answers unless configured otherwise:
-        the tiny model was trained and is evaluated that way (temperature 0, 160 tokens a turn)."""
+        the tiny model is evaluated that way (temperature 0, 96 tokens a turn)."""
         config.base_url = self.base_url
         if config.temperature is None:
             config.temperature = 0.0

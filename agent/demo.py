@@ -212,7 +212,7 @@ def _run(root: Path, task: Task, args: argparse.Namespace, server: LocalServer |
     from agent.config import Config
     from agent.runtime import build
 
-    # Greedy, so the run is the same every time. With the built-in model, its own settings (160 tokens
+    # Greedy, so the run is the same every time. With the built-in model, its own settings (96 tokens
     # a turn, as trained); elsewhere a cap that stops a confused model early.
     config = Config(
         base_url=server.base_url if server else args.base_url,
