@@ -8,7 +8,11 @@ For each tokenizer size (byte-level BPEs trained on the standard library, like t
   [8, vocab] logits tensor and advance each matcher by one token, walking a valid call token by token
   (what the engine pays per decode step at batch 8; for llguidance, serve/structured.py's own mask_rows).
 
-    flock /tmp/composer-bench.lock nice -n 5 python bench/structured.py [--vocab 1024 32768 151936] [--json OUT]
+- with --engine: the native engine's decode step at batch 8 on a tiny checkpoint, all sequences under a
+  JSON-schema grammar against none, alternating (the grammar's cost per step inside the engine).
+
+    flock /tmp/composer-bench.lock nice -n 5 python bench/structured.py [--vocab 1024 32768 151936] [--engine]
+                                                                         [--json OUT]
 """
 
 from __future__ import annotations
@@ -167,12 +171,71 @@ def bench_xgrammar(tok, ids: list[int]) -> dict:
     }
 
 
+def bench_engine(rounds: int = 3, tokens: int = 48) -> dict:
+    """The native engine on a tiny checkpoint: 8 sequences decoding together, all under a JSON-schema grammar
+    (a free string, so none ends early) against none, alternating; the difference per decode step is the
+    grammar's cost inside the engine (masks filled, applied, matchers advanced)."""
+    import asyncio
+    import tempfile
+
+    from serve.chat_format import ChatFormat
+    from serve.engine.base import SamplingParams
+    from serve.engine.native import EngineConfig, NativeEngine
+    from serve.structured import Grammars
+    from serve.tiny import build_tiny_checkpoint
+
+    ckpt = build_tiny_checkpoint(Path(tempfile.mkdtemp()) / "tiny")
+    chat = ChatFormat(ckpt)
+    grammar = Grammars(ckpt, chat.stop_token_ids, chat.tool_format).json(
+        {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
+    )
+    prompt = chat.render_ids([{"role": "user", "content": "Write some JSON."}])
+
+    async def run(engine, constrained: bool) -> tuple[float, int]:
+        async def one(i: int) -> int:
+            params = SamplingParams(max_tokens=tokens, seed=i, grammar=grammar if constrained else None)
+            return len([t async for t in engine.generate(prompt, params)])
+
+        start = time.perf_counter()
+        counts = await asyncio.gather(*(one(i) for i in range(BATCH)))
+        return time.perf_counter() - start, min(counts)
+
+    async def main() -> dict:
+        engine = NativeEngine(str(ckpt), EngineConfig(dtype="float32"))
+        await run(engine, True)  # warm-up
+        times: dict[bool, list[float]] = {True: [], False: []}
+        steps = tokens
+        for _ in range(rounds):
+            for constrained in (False, True):
+                dt, n = await run(engine, constrained)
+                times[constrained].append(dt)
+                steps = min(steps, n)
+        await engine.stop()
+        free, held = statistics.median(times[False]), statistics.median(times[True])
+        return {"free_ms_per_step": 1e3 * free / tokens, "grammar_ms_per_step": 1e3 * held / tokens,
+                "grammar_cost_ms_per_step": 1e3 * (held - free) / tokens, "min_tokens": steps}  # fmt: skip
+
+    return asyncio.run(main())
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--vocab", type=int, nargs="+", default=[1024, 32768, 151936])
+    p.add_argument(
+        "--vocab", type=int, nargs="*", default=[1024, 32768, 151936], help="tokenizer sizes (none: skip)"
+    )
+    p.add_argument("--engine", action="store_true", help="also time the grammar inside the native engine")
     p.add_argument("--json", help="write the figures here too")
     args = p.parse_args()
     rows = []
+    if args.engine:
+        r = bench_engine()
+        rows.append({"engine": "native", "batch": BATCH} | r)
+        print(
+            f"native engine, tiny checkpoint, batch {BATCH}: {r['free_ms_per_step']:.2f} ms/step free, "
+            f"{r['grammar_ms_per_step']:.2f} ms/step under a JSON-schema grammar "
+            f"(+{r['grammar_cost_ms_per_step']:.2f} ms per step)",
+            flush=True,
+        )
     for vocab in args.vocab:
         tok = tokenizer(vocab)
         ids = tok.encode(CALL, add_special_tokens=False).ids
