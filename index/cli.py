@@ -66,7 +66,10 @@ class _Progress:
 
 
 def _open(root: Path, model: str | None, prog: str):
+    from index import quiet
     from index.code_index import CodeIndex
+
+    quiet.use_log_file(root / ".composer" / "logs" / "index.log")  # third-party warnings, not on screen
 
     try:
         return CodeIndex(root, model=model)
