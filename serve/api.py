@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -204,15 +205,26 @@ def _tokenize(state: ServerState, body: TokenizeCompletionRequest | TokenizeChat
     return state.chat.tokenizer.encode_batch([text], add_special_tokens=True)[0].ids
 
 
+def _warm_grammars(state: ServerState) -> None:
+    try:
+        state.grammars.tokenizer  # noqa: B018 - builds and caches it
+    except Exception as e:  # noqa: BLE001 - structured output will say so per request; serving goes on
+        logging.getLogger(__name__).warning("structured output unavailable: %s: %s", type(e).__name__, e)
+
+
 def create_app(state: ServerState) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         await state.engine.start()
+        # The grammar library's view of the vocabulary takes seconds for a real one: built now, in the
+        # background, rather than on the first constrained request.
+        warm = asyncio.ensure_future(state.offload(_warm_grammars, state))
         ticker = asyncio.create_task(log_throughput(state.engine.stats, state.log_interval)) \
             if state.log_interval > 0 else None
         yield
         if ticker is not None:
             ticker.cancel()
+        warm.cancel()
         await state.engine.stop()
         state.workers.shutdown(wait=False, cancel_futures=True)
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from functools import cache, cached_property
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -215,15 +215,17 @@ def _json(schema: dict[str, Any] | None) -> str:
 def mask_rows(logits_BV, matchers: list) -> None:
     """Set to -inf, in place, every token a row's grammar forbids now (rows whose matcher is None are free)."""
     import torch
-    from llguidance.torch import allocate_token_bitmask, fill_next_token_bitmask_par
+    from llguidance.torch import allocate_token_bitmask, fill_next_token_bitmask
 
     rows = [i for i, m in enumerate(matchers) if m is not None]
     if not rows:
         return
     V = logits_BV.shape[1]
     bitmask = allocate_token_bitmask(len(rows), V)
-    fill_next_token_bitmask_par(_executor(), [(matchers[i], j) for j, i in enumerate(rows)], bitmask)
-    for i in rows:
+    for j, i in enumerate(rows):
+        # On the engine thread, one mask after another: llguidance's parallel executor would add a second
+        # thread pool next to torch's, the pattern that costs every op a futex wake on a small CPU.
+        fill_next_token_bitmask(matchers[i], bitmask, j)
         if matchers[i].is_error():
             raise RuntimeError(f"the request's grammar failed: {_short(matchers[i].get_error())}")
     allowed = (
@@ -232,14 +234,6 @@ def mask_rows(logits_BV, matchers: list) -> None:
     allowed = allowed.reshape(len(rows), -1)[:, :V].bool().to(logits_BV.device)
     for j, i in enumerate(rows):  # in place, row by row (an indexed put copies the rows twice)
         logits_BV[i].masked_fill_(~allowed[j], float("-inf"))
-
-
-@cache
-def _executor():
-    """llguidance's pool that fills a batch's masks in parallel (one thread per core)."""
-    import llguidance
-
-    return llguidance.LLExecutor()
 
 
 def _model_vocab_size(model_dir: Path) -> int | None:
