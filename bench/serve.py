@@ -1,15 +1,24 @@
-"""Serving speed, measured over HTTP: native engine vs the transformers reference, side by side.
+"""Serving speed on a CPU: the native engine over HTTP against transformers' own static batch.
 
-    python bench/serve.py [--tokens 48] [--concurrency 1 8 32] [--repeat 3] [--model DIR]
+    python bench/serve.py [--shapes e32 e16] [--tokens 64] [--concurrency 1 8 32] [--repeat 3]
+                          [--json /tmp/composer-bench-serve.json] [--skip-trace] [--skip-profile]
 
-Builds (once, cached under /tmp) a random Qwen3-MoE checkpoint large enough that matmuls dominate
-(~300 MB in fp32: hidden 768, 4 layers, 16 experts top-4), starts `composer-serve` on it with both
-engines (they take turns, --repeat times, medians reported), and streams /v1/completions requests with random token-id prompts (`ignore_eos`, so
-every request generates exactly --tokens tokens):
-  - decode throughput (generated tokens / wall time, all requests together) and mean time to first
-    token at each concurrency;
-  - an agent-shaped trace on the native engine: 10 turns, each prompt = previous prompt + the reply +
-    a 200-token tool output; time to first token per turn with the prefix cache on and off.
+For each shape, a random Qwen3-MoE checkpoint is built once under /tmp (e32: ~110 M parameters, hidden
+512, 8 layers, 32 experts top-4, moe_intermediate 256; e16: the earlier benchmark's ~70 M, hidden 768,
+4 layers, 16 experts top-4, moe_intermediate 384), float32 throughout. Three contenders stay up at once
+and take turns, --repeat times per concurrency (medians reported), so a shared machine's drift hits
+them alike:
+  - native: `composer-serve --engine native`, C streamed /v1/completions requests over HTTP at once;
+  - static: transformers' `generate` on a left-padded batch of C prompts (same tokens, greedy,
+    `min_new_tokens` = `max_new_tokens` = --tokens), in a worker process, no HTTP: what a user would
+    compare a server with (experts implementation --static-experts, default eager; see below);
+  - hf: `composer-serve --engine hf` (one request at a time), a secondary row at --hf-concurrency.
+Every request generates exactly --tokens tokens (`ignore_eos`) from a --prompt-len random prompt.
+
+Then, unless skipped: a per-step profile of the native model (decode steps at batch 8 and 32 on one
+thread: ms in the experts, in attention, in the rest), and the agent-shaped trace of the prefix cache
+(10 turns, each prompt = the previous prompt + a 32-token reply + a 200-token tool output; TTFT with
+the cache on and off) on the first shape. Prints tables; writes JSON and a PNG next to it.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -31,30 +41,46 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this file is named like the package it measures: the package must win
-DEFAULT_CKPT = Path("/tmp/composer-bench-moe-300m")
+CHILD_ENV: dict[str, str] = {}  # --threads: OMP_NUM_THREADS for every contender
+
+SHAPES = {
+    "e32": ("/tmp/composer-bench-moe-e32", dict(vocab_size=4096, hidden_size=512, intermediate_size=1536,
+                                                moe_intermediate_size=256, num_hidden_layers=8, num_attention_heads=8,
+                                                num_key_value_heads=4, head_dim=64, num_experts=32,
+                                                num_experts_per_tok=4, max_position_embeddings=16384)),
+    "e16": ("/tmp/composer-bench-moe-300m", dict(vocab_size=4096, hidden_size=768, intermediate_size=2048,
+                                                 moe_intermediate_size=384, num_hidden_layers=4, num_attention_heads=12,
+                                                 num_key_value_heads=4, head_dim=64, num_experts=16,
+                                                 num_experts_per_tok=4, max_position_embeddings=16384)),
+}
 
 
-def build_checkpoint(path: Path) -> Path:
+def build_checkpoint(shape: str) -> Path:
     from serve.tiny import TinySpec, build_tiny_checkpoint
 
-    if (path / "config.json").exists():
-        return path
-    spec = TinySpec(vocab_size=4096, hidden_size=768, intermediate_size=2048, moe_intermediate_size=384,
-                    num_hidden_layers=4, num_attention_heads=12, num_key_value_heads=4, head_dim=64,
-                    num_experts=16, num_experts_per_tok=4, max_position_embeddings=16384)
-    return build_tiny_checkpoint(path, spec=spec, seed=0)
+    path, spec = SHAPES[shape]
+    path = Path(path)
+    if not (path / "config.json").exists():
+        build_tiny_checkpoint(path, spec=TinySpec(**spec), seed=0)
+    return path
 
 
-def start(model: Path, *args: str) -> tuple[subprocess.Popen, str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+def prompts_for(concurrency: int, prompt_len: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(10, 4000) for _ in range(prompt_len)] for _ in range(concurrency)]
+
+
+# -- the contenders --------------------------------------------------------------------------------
+
+
+def start_server(model: Path, *args: str) -> tuple[subprocess.Popen, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **CHILD_ENV}
     proc = subprocess.Popen([sys.executable, "-m", "serve.cli", "--model", str(model), "--port", "0",
                              "--served-model-name", "bench", "--dtype", "float32", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     for line in proc.stdout:
         m = re.search(r"serving .* at (http://\S+/v1) \((.*)\)", line)
         if m:
-            import threading
-
             threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
             return proc, m.group(1)
     raise RuntimeError("composer-serve did not start")
@@ -77,9 +103,8 @@ async def one_request(client: httpx.AsyncClient, base: str, prompt: list[int], t
     return first or 0.0, n
 
 
-async def load(base: str, concurrency: int, tokens: int, prompt_len: int, seed: int) -> dict:
-    rng = random.Random(seed)
-    prompts = [[rng.randrange(10, 4000) for _ in range(prompt_len)] for _ in range(concurrency)]
+async def http_load(base: str, concurrency: int, tokens: int, prompt_len: int, seed: int) -> dict:
+    prompts = prompts_for(concurrency, prompt_len, seed)
     async with httpx.AsyncClient(timeout=None) as client:
         await one_request(client, base, prompts[0][:16], 2)  # warm-up
         start = time.perf_counter()
@@ -90,6 +115,125 @@ async def load(base: str, concurrency: int, tokens: int, prompt_len: int, seed: 
             "generated": generated}
 
 
+class StaticBatch:
+    """transformers' generate on a static batch, in a worker process (this file with --static-worker)."""
+
+    def __init__(self, model: Path, experts: str):
+        env = {**os.environ, "PYTHONPATH": str(ROOT), **CHILD_ENV}
+        self.proc = subprocess.Popen([sys.executable, __file__, "--static-worker", str(model), experts],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        if self.proc.stdout.readline().strip() != "ready":
+            raise RuntimeError("the static-batch worker did not start")
+
+    def run(self, concurrency: int, tokens: int, prompt_len: int, seed: int) -> dict:
+        self.proc.stdin.write(json.dumps({"c": concurrency, "tokens": tokens, "prompt_len": prompt_len,
+                                          "seed": seed}) + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def static_worker(model: str, experts: str) -> None:
+    """Loads, warms up, then answers one JSON line per batch on stdout (all torch on this one thread)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32, experts_implementation=experts).eval()
+
+    def generate(prompts: list[list[int]], tokens: int):
+        width = max(map(len, prompts))  # left padding: every prompt ends where generation starts
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        with torch.inference_mode():
+            return m.generate(ids, attention_mask=mask, max_new_tokens=tokens, min_new_tokens=tokens,
+                              do_sample=False, pad_token_id=0)
+
+    generate(prompts_for(1, 16, 0), 2)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        job = json.loads(line)
+        prompts = prompts_for(job["c"], job["prompt_len"], job["seed"])
+        start = time.perf_counter()
+        out = generate(prompts, job["tokens"])
+        wall = time.perf_counter() - start
+        generated = (out.shape[1] - len(prompts[0])) * len(prompts)
+        print(json.dumps({"tok_s": generated / wall, "ttft": None, "wall": wall, "generated": generated}),
+              flush=True)
+
+
+# -- the profile -------------------------------------------------------------------------------------
+
+
+def step_profile(model_dir: Path, batches: list[int], prompt_len: int, steps: int = 16) -> dict:
+    """ms per decode step at each batch size, split into experts (router + expert matmuls), attention
+    (projections, rope, cache writes, SDPA) and the rest (embedding, norms, residuals, lm_head, the
+    runner's bookkeeping, argmax). Timed by wrapping the modules' forwards (a CPU runs ops
+    synchronously, so wall time inside a forward is its cost). In-process, load and steps on one thread."""
+    import torch
+
+    import serve.model.qwen3_moe as q
+    from serve.engine.base import SamplingParams
+    from serve.engine.block_manager import BlockManager
+    from serve.engine.model_runner import ModelRunner
+    from serve.engine.sequence import Sequence
+    from serve.model.loader import load_model
+
+    spent = {"experts": 0.0, "attention": 0.0}
+    originals = {q.SparseMoE: q.SparseMoE.forward, q.Attention: q.Attention.forward}
+
+    def timed(fn, key):
+        def wrapper(*a, **k):
+            start = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[key] += time.perf_counter() - start
+        return wrapper
+
+    q.SparseMoE.forward = timed(originals[q.SparseMoE], "experts")
+    q.Attention.forward = timed(originals[q.Attention], "attention")
+    try:
+        model = load_model(model_dir, dtype=torch.float32)
+        model.pack_for_cpu()
+        out = {}
+        for B in batches:
+            blocks = B * (-(-(prompt_len + steps + 8) // 16)) + 1
+            bm = BlockManager(blocks, 16, False)
+            runner = ModelRunner(model, blocks, 16, torch.device("cpu"), torch.float32)
+            rng = random.Random(B)
+            seqs = [Sequence([rng.randrange(10, 4000) for _ in range(prompt_len)], SamplingParams(max_tokens=steps))
+                    for _ in range(B)]
+            for s in seqs:
+                bm.allocate(s)
+            runner.run([(s, prompt_len) for s in seqs])
+            times = []
+            for i in range(steps + 4):
+                for s in seqs:
+                    s.num_computed = len(s)
+                    s.token_ids.append(rng.randrange(10, 4000))
+                    bm.ensure(s, len(s))
+                if i == 4:  # warm-up over
+                    spent.update(experts=0.0, attention=0.0)
+                start = time.perf_counter()
+                _, logits = runner.run([(s, 1) for s in seqs])
+                logits.argmax(-1)
+                if i >= 4:
+                    times.append(time.perf_counter() - start)
+            total = sum(times) / len(times) * 1e3
+            e, a = spent["experts"] / len(times) * 1e3, spent["attention"] / len(times) * 1e3
+            out[B] = {"step_ms": total, "experts_ms": e, "attention_ms": a, "rest_ms": total - e - a,
+                      "tok_s": B / (total / 1e3)}
+        return out
+    finally:
+        q.SparseMoE.forward, q.Attention.forward = originals[q.SparseMoE], originals[q.Attention]
+
+
+# -- the prefix-cache trace -------------------------------------------------------------------------
+
+
 async def agent_trace(base: str, turns: int = 10, seed: int = 1) -> list[float]:
     rng = random.Random(seed)
     prompt = [rng.randrange(10, 4000) for _ in range(1500)]
@@ -98,72 +242,163 @@ async def agent_trace(base: str, turns: int = 10, seed: int = 1) -> list[float]:
         for _ in range(turns):
             body = {"model": "bench", "prompt": prompt, "max_tokens": 32, "temperature": 0, "ignore_eos": True,
                     "return_token_ids": True}
-            start = time.perf_counter()
             ttft, _ = await one_request(client, base, prompt, 1)
             ttfts.append(ttft)
             r = (await client.post(f"{base}/completions", json=body)).json()
-            del start
             prompt = prompt + r["choices"][0]["token_ids"] + [rng.randrange(10, 4000) for _ in range(200)]
     return ttfts
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--model", type=Path, default=DEFAULT_CKPT)
-    ap.add_argument("--tokens", type=int, default=48, help="tokens generated per request")
-    ap.add_argument("--prompt-len", type=int, default=128)
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
-    ap.add_argument("--repeat", type=int, default=3, help="alternating runs per engine and concurrency")
-    ap.add_argument("--skip-trace", action="store_true")
-    args = ap.parse_args()
-    import torch
-
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads")
-    model = build_checkpoint(args.model)
-    size = sum(p.stat().st_size for p in model.glob("*.safetensors")) / 2**20
-    print(f"checkpoint: {model} ({size:.0f} MiB safetensors, fp32)\n")
-    # Both servers stay up and take turns, --repeat times per concurrency, so that a shared machine's
-    # drifting speed hits both engines alike; the figures are medians.
-    servers = {engine: start(model, "--engine", engine) for engine in ("native", "hf")}
-    runs: dict[str, dict[int, list[dict]]] = {e: {c: [] for c in args.concurrency} for e in servers}
-    try:
-        for c in args.concurrency:
-            for _ in range(args.repeat):
-                for engine, (_, base) in servers.items():
-                    runs[engine][c].append(asyncio.run(load(base, c, args.tokens, args.prompt_len, seed=c)))
-    finally:
-        for proc, _ in servers.values():
-            proc.terminate()
-            proc.wait()
-    rows = {e: {c: {k: statistics.median(r[k] for r in rs) for k in ("tok_s", "ttft")} for c, rs in by_c.items()}
-            for e, by_c in runs.items()}
-    print(f"## decode throughput, {args.tokens} tokens per request, {args.prompt_len}-token prompts "
-          f"(median of {args.repeat} alternating runs)")
-    print(f"{'concurrency':>11} {'native tok/s':>13} {'hf tok/s':>9} {'ratio':>6} {'native TTFT':>12} {'hf TTFT':>8}"
-          f"  {'ratio per run':>14}")
-    for c in args.concurrency:
-        n, h = rows["native"][c], rows["hf"][c]
-        each = " ".join(f"{a['tok_s'] / b['tok_s']:.2f}" for a, b in zip(runs["native"][c], runs["hf"][c], strict=True))
-        print(f"{c:>11} {n['tok_s']:>13.1f} {h['tok_s']:>9.1f} {n['tok_s'] / h['tok_s']:>5.2f}x "
-              f"{n['ttft'] * 1e3:>10.0f}ms {h['ttft'] * 1e3:>6.0f}ms  {each}")
-    if args.skip_trace:
-        return
-    trace = {}
-    for label, extra in (("prefix cache", []), ("no prefix cache", ["--no-prefix-caching"])):
-        proc, base = start(model, "--engine", "native", *extra)
+def trace(model: Path) -> dict:
+    out = {}
+    for label, extra in (("cached", []), ("uncached", ["--no-prefix-caching"])):
+        proc, base = start_server(model, "--engine", "native", *extra)
         try:
-            trace[label] = asyncio.run(agent_trace(base))
+            out[label] = asyncio.run(agent_trace(base))
         finally:
             proc.terminate()
             proc.wait()
     print("\n## agent-shaped trace (native): 10 turns, prompt = previous + 32-token reply + 200-token tool output")
     print(f"{'turn':>4} {'prompt tokens':>13} {'TTFT cached':>12} {'TTFT uncached':>14}")
-    for i, (a, b) in enumerate(zip(trace["prefix cache"], trace["no prefix cache"], strict=True)):
+    for i, (a, b) in enumerate(zip(out["cached"], out["uncached"], strict=True)):
         print(f"{i + 1:>4} {1500 + i * 232:>13} {a * 1e3:>10.0f}ms {b * 1e3:>12.0f}ms")
-    ca, cb = sum(trace["prefix cache"][1:]), sum(trace["no prefix cache"][1:])
-    print(f"turns 2-10 total TTFT: {ca * 1e3:.0f} ms with the prefix cache vs {cb * 1e3:.0f} ms without "
-          f"({cb / ca:.1f}x)")
+    ca, cb = sum(out["cached"][1:]), sum(out["uncached"][1:])
+    print(f"turns 2-10 total TTFT: {ca * 1e3:.0f} ms with the prefix cache vs {cb * 1e3:.0f} ms without ({cb / ca:.1f}x)")
+    return out
+
+
+# -- the run ----------------------------------------------------------------------------------------
+
+
+def measure_shape(shape: str, args) -> dict:
+    model = build_checkpoint(shape)
+    size = sum(p.stat().st_size for p in model.glob("*.safetensors")) / 2**20
+    print(f"\n# {shape}: {model} ({size:.0f} MiB safetensors, fp32)", flush=True)
+    servers = {"native": start_server(model, "--engine", "native")}
+    if args.hf_concurrency:
+        servers["hf"] = start_server(model, "--engine", "hf")
+    static = StaticBatch(model, args.static_experts)
+    runs: dict[str, dict[int, list[dict]]] = {e: {c: [] for c in args.concurrency} for e in ("native", "static", "hf")}
+    try:
+        for c in args.concurrency:
+            for r in range(args.repeat):
+                runs["native"][c].append(asyncio.run(http_load(servers["native"][1], c, args.tokens,
+                                                               args.prompt_len, seed=c)))
+                runs["static"][c].append(static.run(c, args.tokens, args.prompt_len, seed=c))
+                if c in args.hf_concurrency:
+                    runs["hf"][c].append(asyncio.run(http_load(servers["hf"][1], c, args.tokens, args.prompt_len,
+                                                               seed=c)))
+                n, s = runs["native"][c][-1], runs["static"][c][-1]
+                print(f"  c={c} run {r + 1}: native {n['tok_s']:.1f} tok/s, static {s['tok_s']:.1f} tok/s "
+                      f"({n['tok_s'] / s['tok_s']:.2f}x)", flush=True)
+    finally:
+        static.close()
+        for proc, _ in servers.values():
+            proc.terminate()
+            proc.wait()
+    table = {}
+    print(f"\n## {shape}: decode throughput, {args.tokens} tokens per request from {args.prompt_len}-token prompts "
+          f"(median of {args.repeat} alternating runs)")
+    print(f"{'conc.':>5} {'native tok/s':>12} {'static tok/s':>12} {'vs static':>9} {'per run':>16} "
+          f"{'hf-engine tok/s':>15} {'native TTFT':>11}")
+    for c in args.concurrency:
+        med = {e: statistics.median(r["tok_s"] for r in runs[e][c]) if runs[e][c] else None for e in runs}
+        each = [a["tok_s"] / b["tok_s"] for a, b in zip(runs["native"][c], runs["static"][c], strict=True)]
+        ttft = statistics.median(r["ttft"] for r in runs["native"][c])
+        table[c] = {"native_tok_s": med["native"], "static_tok_s": med["static"], "hf_engine_tok_s": med["hf"],
+                    "ratio_vs_static": statistics.median(each), "ratio_per_run": each, "native_ttft_s": ttft}
+        hf = f"{med['hf']:.1f}" if med["hf"] else "-"
+        print(f"{c:>5} {med['native']:>12.1f} {med['static']:>12.1f} {statistics.median(each):>8.2f}x "
+              f"{' '.join(f'{x:.2f}' for x in each):>16} {hf:>15} {ttft * 1e3:>9.0f}ms")
+    return {"checkpoint": str(model), "mib": size, "table": table, "runs": runs}
+
+
+def plot(results: dict, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    shapes = list(results["shapes"])
+    fig, axes = plt.subplots(1, len(shapes), figsize=(5 * len(shapes), 4), squeeze=False)
+    for ax, shape in zip(axes[0], shapes, strict=True):
+        table = results["shapes"][shape]["table"]
+        cs = sorted(table, key=int)
+        for key, label in (("native_tok_s", "native (HTTP)"), ("static_tok_s", "transformers static batch"),
+                           ("hf_engine_tok_s", "--engine hf (HTTP)")):
+            pts = [(int(c), table[c][key]) for c in cs if table[c][key]]
+            if pts:
+                ax.plot(*zip(*pts, strict=True), marker="o", label=label)
+        ax.set(title=shape, xlabel="concurrency", ylabel="generated tok/s", xscale="log", xticks=[int(c) for c in cs])
+        ax.set_xticklabels(cs)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def main() -> None:
+    if len(sys.argv) == 4 and sys.argv[1] == "--static-worker":
+        return static_worker(sys.argv[2], sys.argv[3])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=["e32", "e16"])
+    ap.add_argument("--tokens", type=int, default=64, help="tokens generated per request")
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--repeat", type=int, default=3, help="alternating runs per contender and concurrency")
+    ap.add_argument("--hf-concurrency", type=int, nargs="*", default=[1, 8],
+                    help="concurrencies for the --engine hf row (it serves one request at a time)")
+    ap.add_argument("--static-experts", default="eager",
+                    help="transformers' experts_implementation for the static batch (eager, grouped_mm, ...)")
+    ap.add_argument("--json", type=Path, default=Path("/tmp/composer-bench-serve.json"))
+    ap.add_argument("--skip-trace", action="store_true")
+    ap.add_argument("--skip-profile", action="store_true")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads of every contender (OMP_NUM_THREADS); default torch's own choice. On a "
+                         "crowded machine 1 thread each keeps OpenMP barriers from waiting on descheduled threads")
+    args = ap.parse_args()
+    import torch
+
+    if args.threads:
+        CHILD_ENV["OMP_NUM_THREADS"] = str(args.threads)
+        torch.set_num_threads(args.threads)
+
+    from kernels.moe import measure_cpu_costs
+
+    flags = set()
+    try:
+        flags = set(next(x for x in Path("/proc/cpuinfo").read_text().splitlines() if x.startswith("flags")).split())
+    except (OSError, StopIteration):
+        pass
+    bf16 = sorted(flags & {"amx_bf16", "avx512_bf16"})
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores (load average {os.getloadavg()[0]:.1f}), torch "
+          f"{torch.__version__}, {torch.get_num_threads()} threads, bf16 matmul flags: {' '.join(bf16) or 'none (experts stay fp32)'}")
+    costs = measure_cpu_costs()
+    print(f"CPU costs now: {costs.bytes_per_s / 1e9:.1f} GB/s streamed by few-row matmuls, "
+          f"{costs.flops_per_s / 1e9:.0f} GFLOP/s, {costs.op_s * 1e6:.0f} us per small op")
+    results: dict = {"command": " ".join(sys.argv), "threads": torch.get_num_threads(),
+                     "load_average": os.getloadavg(), "machine": platform.machine(), "cores": os.cpu_count(),
+                     "torch": torch.__version__, "bf16_flags": bf16, "cpu_costs": vars(costs),
+                     "tokens": args.tokens, "prompt_len": args.prompt_len, "static_experts": args.static_experts,
+                     "shapes": {}}
+    for shape in args.shapes:
+        results["shapes"][shape] = measure_shape(shape, args)
+        args.json.write_text(json.dumps(results, indent=1))
+    if not args.skip_profile:
+        print("\n## per decode step, native model, one thread owning torch (ms)")
+        print(f"{'shape':>5} {'batch':>5} {'step':>6} {'experts':>8} {'attention':>9} {'rest':>6} {'tok/s':>6}")
+        for shape in args.shapes:
+            prof = step_profile(build_checkpoint(shape), [8, 32], args.prompt_len)
+            results["shapes"][shape]["profile"] = prof
+            for B, p in prof.items():
+                print(f"{shape:>5} {B:>5} {p['step_ms']:>6.1f} {p['experts_ms']:>8.1f} {p['attention_ms']:>9.1f} "
+                      f"{p['rest_ms']:>6.1f} {p['tok_s']:>6.0f}")
+    if not args.skip_trace:
+        results["trace"] = trace(build_checkpoint(args.shapes[0]))
+    args.json.write_text(json.dumps(results, indent=1))
+    plot(results, args.json.with_suffix(".png"))
+    print(f"\nwrote {args.json} and {args.json.with_suffix('.png')}")
 
 
 if __name__ == "__main__":
