@@ -294,8 +294,10 @@ def approval_preview(
         sketch = [("add", f"+{ln}") for ln in str(args.get("content", "")).splitlines()]
     else:  # e.g. an MCP server's tool: the user sees every argument it will be sent
         shown = json.dumps(args, indent=2, ensure_ascii=False).splitlines() if args else []
-        return Preview(f"Allow {name} {call_brief(name, args)}?",
-                       _capped([("context", ln) for ln in shown], APPROVAL_PREVIEW_LINES))
+        return Preview(
+            f"Allow {name} {call_brief(name, args)}?",
+            _capped([("context", ln) for ln in shown], APPROVAL_PREVIEW_LINES),
+        )
     if error is not None:
         return Preview(
             question,
