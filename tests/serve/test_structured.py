@@ -208,3 +208,41 @@ def test_qwen3_coder_format_calls(tiny_coder):
         check_calls(calls, names=("get_weather",))
     finally:
         srv.stop()
+
+
+def test_rows_of_one_batch_follow_their_own_grammar(tiny_hermes):
+    """In-process, the engine's sampling step: two grammars and a free row in one batch of logits, sampled until
+    both grammars end; each constrained row yields its schema's JSON, the free row its own argmax, and logprobs
+    stay the model's raw ones."""
+    import torch
+
+    from serve.chat_format import ChatFormat
+    from serve.engine.base import SamplingParams
+    from serve.engine.sampling import make_generator, sample_batch
+    from serve.structured import Grammars
+
+    chat = ChatFormat(tiny_hermes)
+    grammars = Grammars(tiny_hermes, chat.stop_token_ids, chat.tool_format)
+    point = {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["x"], "additionalProperties": False}  # fmt: skip
+    schemas = [WEATHER, None, point]
+    params = [SamplingParams(max_tokens=99, temperature=0, logprobs=True),
+              SamplingParams(max_tokens=99, temperature=0),
+              SamplingParams(max_tokens=99, temperature=0.8, seed=1)]  # fmt: skip
+    matchers = [grammars.json(s).matcher() if s else None for s in schemas]
+    gens = [make_generator(p) for p in params]
+    out: list[list[int]] = [[], [], []]
+    torch.manual_seed(0)
+    for _ in range(200):
+        logits = torch.randn(3, 1024) * 4
+        picks = sample_batch(logits, params, gens, matchers)
+        assert not any(isinstance(p, Exception) for p in picks), picks
+        assert picks[1][0] == int(logits[1].argmax())  # the free row is untouched
+        assert picks[0][1] == pytest.approx(float(torch.log_softmax(logits[0], -1)[picks[0][0]]))
+        for row, (token, _, _) in enumerate(picks):
+            if row != 1 and not (out[row] and out[row][-1] in chat.stop_token_ids):
+                out[row].append(token)
+        if all(out[r] and out[r][-1] in chat.stop_token_ids for r in (0, 2)):
+            break
+    for row in (0, 2):
+        assert out[row][-1] in chat.stop_token_ids, chat.decode(out[row])
+        jsonschema.validate(json.loads(chat.decode(out[row][:-1])), schemas[row])
