@@ -235,13 +235,16 @@ def test_a_time_budget_commits_whole_batches_and_the_next_sync_continues(tmp_pat
 
 
 def test_embedded_chunks_fit_the_model_window(indexed_repo: Path, embedder):
-    """Header + code is sized in the model's own tokens: nothing the embedder reads gets truncated
-    (single lines longer than the window excepted)."""
-    from index.sync import embed_text
+    """Header + context + code (the doc is not embedded) is sized in the model's own tokens: nothing
+    the embedder reads gets truncated (single lines longer than the window excepted)."""
+    from index.sync import chunk_for, embed_text
 
     ix = CodeIndex(indexed_repo, embedder=embedder)
-    rows = ix._con.execute("SELECT path, start_line, end_line, symbol, text FROM chunks").fetchall()
-    counts = embedder.count_tokens([embed_text(p, sym, text) for p, _, _, sym, text in rows])
+    paths = [r[0] for r in ix._con.execute("SELECT path FROM files WHERE n_chunks > 0")]
+    rows = [(p, c.start_line, c.end_line, embed_text(p, c.symbol, c.code, c.context))
+            for p in paths for c in chunk_for(p, (indexed_repo / p).read_text(), embedder)]
+    assert len(rows) == ix.chunk_count()
+    counts = embedder.count_tokens([etext for *_, etext in rows])
     too_long = [(r[0], r[1], n) for r, n in zip(rows, counts, strict=True)
                 if n > embedder.max_tokens - 2 and r[1] != r[2]]
     assert len(rows) > 100 and not too_long
