@@ -60,6 +60,7 @@ def check_calls(calls, names=tuple(SCHEMAS)) -> None:
         jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
 
 
+@pytest.mark.slow
 def test_required_tool_choice_returns_valid_calls(client):
     """Three sampled choices in one batch, each a call of an offered tool with schema-valid arguments."""
     r = client.chat.completions.create(
@@ -102,6 +103,7 @@ def test_named_function_streamed(client):
     check_calls(calls, names=("read_file",))
 
 
+@pytest.mark.slow
 def test_json_schema_streamed_and_not(client):
     fmt = {"type": "json_schema", "json_schema": {"name": "weather", "schema": WEATHER, "strict": True}}
     r = client.chat.completions.create(
@@ -132,6 +134,7 @@ def test_json_object(client):
     assert isinstance(json.loads(r.choices[0].message.content), dict)
 
 
+@pytest.mark.slow
 def test_constrained_and_free_sequences_share_a_batch(client, hermes_server):
     """Different grammars and none, at once: each answer follows its own (masks are per sequence)."""
     if hermes_server.engine != "native":
