@@ -226,13 +226,29 @@ def _open(name: str, device: str | None, dtype: str) -> Embedder:
             raise EmbedderError(f"{name} is not a sentence-transformers model folder "
                                 "(no modules.json or config.json)")
     folder = Path(source)
-    if folder.is_dir() and (folder / "config.json").is_file() and (folder / "tokenizer.json").is_file():
+    if folder.is_dir() and (folder / "config.json").is_file() and (folder / "tokenizer.json").is_file() \
+            and _plain_pipeline(folder):
         try:
             return Embedder(ident, source, folder=folder, device=device, dtype=dtype)
         except (OSError, ValueError, KeyError) as e:
             raise EmbedderError(f"could not read embedding model {name!r}: {type(e).__name__}: {e}") from e
     st, dtype = _load_st(ident, source, device, dtype)  # a hub name or an unusual folder: load now
     return Embedder(ident, source, folder=None, device=device, dtype=dtype, model=st)
+
+
+# sentence-transformers modules whose output the config alone describes (a transformer, pooling of its
+# hidden size, normalisation); anything else (a Dense projection...) is loaded to learn its output.
+_PLAIN_MODULES = ("Transformer", "Pooling", "Normalize")
+
+
+def _plain_pipeline(folder: Path) -> bool:
+    try:
+        modules = json.loads((folder / "modules.json").read_text())
+    except FileNotFoundError:
+        return True  # a bare transformers folder: sentence-transformers adds mean pooling
+    except (OSError, ValueError):
+        return False
+    return all(str(m.get("type", "")).rsplit(".", 1)[-1] in _PLAIN_MODULES for m in modules)
 
 
 def _load_st(name: str, source: str, device: str | None, dtype: str):
