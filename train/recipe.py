@@ -83,6 +83,8 @@ class TinyRecipe:
     max_turns: int = 8
     concurrency: int = 2
     skip_rl: bool = False
+    init: str | None = None
+    """Start from this checkpoint (same tokenizer) instead of a random model."""
 
     @classmethod
     def smoke(cls, **kw: Any) -> TinyRecipe:
@@ -507,7 +509,10 @@ def run(r: TinyRecipe, out: str | Path, data: str | Path | None = None) -> dict[
     stage("expert data", expert_dir / "report.json", make_expert_data)
 
     base = out / "base"
-    stage("base model", base / "model.safetensors", lambda: build_base(base, tok_dir, r))
+    if r.init:  # continue from a checkpoint (e.g. more SFT epochs on an earlier run's model)
+        stage("base model", base / "model.safetensors", lambda: export_serving(Path(r.init), base))
+    else:
+        stage("base model", base / "model.safetensors", lambda: build_base(base, tok_dir, r))
     summary["params"] = n_params(base)
     chat = ChatFormat(base)
     lengths = [len(chat.encode(t)) for t in conversation_texts(expert_dir / "part-0" / "sessions", chat)[:60]]
@@ -545,7 +550,8 @@ def run(r: TinyRecipe, out: str | Path, data: str | Path | None = None) -> dict[
         served.stop()
 
     export = out / "export"
-    stage("export", export / "model.safetensors", lambda: export_serving(final, export))
+    say(f"export: {final} -> {export}")  # always: a copy, and `final` changes when RL is added to a run
+    export_serving(final, export)
     summary |= {"export": str(export), "timings_s": timings}
     old = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
     summary["timings_s"] = old.get("timings_s", {}) | timings
