@@ -121,6 +121,14 @@ def test_sticky_sessions_and_failover_over_composer_serve(tiny_hermes):
             stream = chat(rt, "a", stream=True)
             assert stream.status_code == 200 and stream.text.rstrip().endswith("data: [DONE]")
 
+            # Weight sync through the router reaches every replica.
+            r = httpx.post(
+                rt.url + "/v1/load_weights", json={"path": str(tiny_hermes), "policy_version": 3}, timeout=120
+            )
+            assert r.status_code == 200 and r.json()["replicas"] == 2, r.text
+            for s in reps:
+                assert httpx.get(s.base_url + "/models").json()["data"][0]["policy_version"] == 3
+
             victim = where["a"]
             next(s for s in reps if s.base_url.removesuffix("/v1") == victim).proc.kill()
             time.sleep(0.3)
