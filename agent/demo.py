@@ -8,9 +8,10 @@ checker (hidden from the agent) decides whether it went green, and the exit code
 1 not, 2 usage or set-up error, 130 interrupted).
 
 With the built-in model the task is a `find-def` one ("where is X defined?"): the only family the tiny
-model was trained far enough to solve. It has under a million parameters and knows only these
-synthetic tasks: it can grep for a definition and name the file and line; it cannot fix bugs, rename
-or add parameters, and on your own code or open-ended requests it will flounder.
+model was trained on. It has under a million parameters: it greps and answers in the expected form,
+naming the right file for 7 of 20 held-out questions (the function it names is usually wrong; the demo's
+question is one it gets exactly right). It cannot fix bugs, rename or add parameters, and on your own
+code or open-ended requests it will flounder.
 
 `--family bugfix` writes a repository with a failing test instead (one function has an injected bug)
 and asks for a fix; with `--base-url` pointing at a real model (the default family there) the agent
@@ -38,8 +39,9 @@ if TYPE_CHECKING:
     from agent.builtin_model import LocalServer
 
 # The fixed demo tasks: (family, seed), all size small. The find-def one is a held-out task (seed >=
-# 1,000,000: never trained on) that the built-in model solves greedily; see BENCHMARKS.md for its rate.
-DEMOS = {"find-def": 1_000_000, "bugfix": 0}
+# 1,000,000: never trained on), chosen because the built-in model answers it exactly (file, function and
+# line); over held-out seeds 1,000,000-1,000,019 it names the right file for 7 of 20 (BENCHMARKS.md).
+DEMOS = {"find-def": 1_000_033, "bugfix": 0}
 BUILTIN_FAMILY, OTHER_FAMILY, SIZE = "find-def", "bugfix", "small"
 TESTS = "python -m pytest -q -p no:cacheprovider tests"
 
@@ -249,7 +251,10 @@ def _run(root: Path, task: Task, args: argparse.Namespace, server: LocalServer |
 
 
 CAPABILITIES = (
-    f'The built-in model is tiny: it answers "where is X defined?" in small repositories like this '
-    f"one, and nothing much else (it cannot fix bugs yet). `composer-agent demo --family {OTHER_FAMILY} "
-    "--base-url URL` shows the agent fixing a failing test with a real model."
+    "What the built-in model can do: it was trained (on CPU, under a million parameters) only on "
+    '"where is X defined?" in small repositories like this one. This question is one it gets right; over 20 '
+    "held-out ones it names the right file for 7, and the function in its answer is usually wrong: it has "
+    "learned the shape of the task (one grep, then an answer) more than to read the question. It cannot "
+    f"fix bugs, rename or add parameters. `composer-agent demo --family {OTHER_FAMILY} --base-url URL` shows "
+    "the agent fixing a failing test with a real model."
 )
