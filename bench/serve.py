@@ -82,7 +82,15 @@ def start_server(model: Path, *args: str) -> tuple[subprocess.Popen, str]:
         m = re.search(r"serving .* at (http://\S+/v1) \((.*)\)", line)
         if m:
             threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
-            return proc, m.group(1)
+            base = m.group(1)
+            for _ in range(600):  # the line can come before the socket accepts: wait for /health
+                try:
+                    if httpx.get(base.removesuffix("/v1") + "/health", timeout=5).status_code == 200:
+                        return proc, base
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.1)
+            break
     raise RuntimeError("composer-serve did not start")
 
 
