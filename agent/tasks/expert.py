@@ -15,25 +15,45 @@ from typing import Any
 
 from agent.scripted import DEFAULT_SUMMARY, ScriptedServer
 from agent.tasks.spec import Task
+from agent.tasks.workspace import _safe
 
 UNKNOWN = {"content": "I don't know this task."}
 
 
-def plans(tasks: list[Task]) -> dict[str, list[dict[str, Any]]]:
+def plans(tasks: list[Task]) -> dict[str, list[tuple[str, list[dict[str, Any]]]]]:
+    """Each prompt's (task id, plan) pairs: tasks of different seeds can share a prompt ("where is
+    `clamp` defined?") while their repositories, and so their solutions, differ."""
     from agent.tasks.families import expert_plan
 
-    return {t.prompt: expert_plan(t) for t in tasks if t.generator}
+    out: dict[str, list[tuple[str, list[dict[str, Any]]]]] = {}
+    for t in tasks:
+        if t.generator:
+            out.setdefault(t.prompt, []).append((t.id, expert_plan(t)))
+    return out
 
 
-def expert_turn(plan_by_prompt: dict[str, list[dict[str, Any]]], messages: list[dict[str, Any]],
-                tools: Any) -> dict[str, Any]:
+def _pick(candidates: list[tuple[str, list[dict[str, Any]]]], messages: list[dict[str, Any]]):
+    """The plan of the task whose workspace this is: isolated workspaces are named after the task id
+    (agent.tasks.workspace), and the system prompt names the workspace root."""
+    if len(candidates) == 1:
+        return candidates[0][1]
+    system = " ".join(str(m.get("content") or "") for m in messages if m.get("role") == "system")
+    for task_id, plan in candidates:
+        if f"composer-{_safe(task_id)}-" in system:
+            return plan
+    return candidates[0][1]
+
+
+def expert_turn(plan_by_prompt: dict[str, list[tuple[str, list[dict[str, Any]]]]],
+                messages: list[dict[str, Any]], tools: Any) -> dict[str, Any]:
     """The expert's next turn for a conversation (a summary when asked without tools)."""
     if not tools:
         return {"content": DEFAULT_SUMMARY}
     users = [m.get("content") for m in messages if m.get("role") == "user"]
-    plan = next((plan_by_prompt[u] for u in users if u in plan_by_prompt), None)
-    if plan is None:
+    found = next((plan_by_prompt[u] for u in users if u in plan_by_prompt), None)
+    if found is None:
         return UNKNOWN
+    plan = _pick(found, messages)
     step = sum(1 for m in messages if m.get("role") == "assistant")
     return plan[min(step, len(plan) - 1)] if step < len(plan) else {"content": plan[-1].get("content", "Done.")}
 

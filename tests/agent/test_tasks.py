@@ -139,3 +139,20 @@ def test_eval_with_the_expert_reports_what_the_trajectories_show(tmp_path):
                          "--out", str(out), "--resume", "--no-sandbox"], cwd=tmp_path, capture_output=True, text=True,
                         timeout=300)
     assert r2.returncode == 0 and len((out / "results.jsonl").read_text().splitlines()) == 4
+
+
+def test_the_expert_tells_apart_tasks_that_share_a_prompt(tmp_path):
+    """bugfix seeds 7 and 8 ask the same question of different repositories: keyed by prompt alone, the
+    expert replayed one task's fix in the other's workspace (wrong SFT data, a failed expert episode)."""
+    from agent.tasks.spec import write_tasks
+
+    a, b = generate("bugfix", 7, "small"), generate("bugfix", 8, "small")
+    assert a.prompt == b.prompt and expert_plan(a) != expert_plan(b)
+    tasks = write_tasks([a, b], tmp_path / "tasks.jsonl")
+    out = tmp_path / "eval"
+    r = subprocess.run([sys.executable, "-m", "agent.cli", "eval", str(tasks), "--expert", "--concurrency", "2",
+                        "--out", str(out), "--no-sandbox"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["overall"]["episodes"] == 2 and report["overall"]["pass@1"] == 1.0, r.stdout
