@@ -40,7 +40,13 @@ class ChatFormat:
         from tokenizers import Tokenizer
 
         self.dir = Path(model_dir)
-        self.tokenizer = Tokenizer.from_file(str(self.dir / "tokenizer.json"))
+        tok = self.dir / "tokenizer.json"
+        if not tok.is_file():  # tokenizers raises a bare Exception("No such file or directory") here
+            raise ChatFormatError(f"{self.dir} has no tokenizer.json (a Hugging Face fast tokenizer is needed)")
+        try:
+            self.tokenizer = Tokenizer.from_file(str(tok))
+        except Exception as e:  # the Rust side raises plain Exception for unreadable files
+            raise ChatFormatError(f"cannot read {tok}: {e}") from e
         self.config = _read_json(self.dir / "tokenizer_config.json")
         self.template = self._load_template()
         self.tool_format = tool_format or detect_tool_format(self.template)

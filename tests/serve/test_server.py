@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -299,3 +300,20 @@ def test_engine_vllm_without_vllm_is_a_one_line_error(tiny_hermes):
     assert p.returncode == 2
     assert p.stderr.strip().splitlines()[-1] == (
         "composer-serve: error: vllm is not installed; on a GPU machine: pip install 'composer[vllm]'")
+
+
+def test_a_checkpoint_without_a_readable_tokenizer_is_a_one_line_error(tiny_hermes, tmp_path):
+    """tokenizers raises a bare Exception for a missing file, which used to end in a traceback."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_hermes, model)
+    (model / "tokenizer.json").unlink()
+    cmd = [sys.executable, "-m", "serve.cli", "--model", str(model), "--port", "0"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.strip().splitlines()[-1] == f"composer-serve: error: {model} has no tokenizer.json " \
+                                                "(a Hugging Face fast tokenizer is needed)"
+    (model / "tokenizer.json").write_text("{not json")
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.strip().splitlines()[-1].startswith(f"composer-serve: error: cannot read {model}/tokenizer.json")
