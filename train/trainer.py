@@ -106,6 +106,8 @@ class Trainer:
 
     # -- forward ---------------------------------------------------------------------------------------
 
+    score_trained_only = True  # run the LM head on trained positions only (see _token_logprobs)
+
     def _token_logprobs(self, ids_BL: torch.Tensor, mask_BL: torch.Tensor | None = None) -> torch.Tensor:
         """Log-prob of each token given the ones before it: [B, L-1] (position t scores token t+1).
         With `mask_BL`, only tokens where it is set are scored (0 elsewhere): the LM head and the
@@ -169,21 +171,9 @@ class Trainer:
         loss_total = 0.0
         for group in micro_batches(samples, self.config.micro_batch_tokens):
             mb = [samples[i] for i in group]
-            ids, mask, slp = pad(mb, self.device)
-            logp_BT = self._token_logprobs(ids, mask)
-            mask_BT, slp_BT = mask[:, 1:], slp[:, 1:]
-            if sft:
-                loss = -(logp_BT * mask_BT).sum() / total_tokens
-                metrics: dict[str, float] = {}
-            else:
-                adv_B = torch.tensor([advantages[i] for i in group], dtype=torch.float32, device=self.device)
-                loss, metrics = policy_loss(logp_BT, slp_BT, adv_B, mask_BT, self._loss_config(n_seqs))
-                loss = loss * self._scale(mask_BT, len(mb), total_tokens, n_seqs)
-            loss.backward()
-            loss_total += float(loss.detach())
-            for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + float(v) * len(mb) / n_seqs
-            diff = (logp_BT.detach() - slp_BT).abs()
+            loss, diff, mask_BT = self._micro_step(mb, [advantages[i] for i in group] if not sft else None,
+                                                   total_tokens, n_seqs, sums)
+            loss_total += loss
             for row, s in enumerate(mb):
                 d = diff[row][mask_BT[row] > 0]
                 (gaps if s.min_version == self.policy_version and max(s.versions) == self.policy_version
@@ -203,6 +193,26 @@ class Trainer:
         if stale.numel():
             out |= {"stale_logprob_gap_mean": float(stale.mean())}
         return out
+
+    def _micro_step(self, mb: list[Sample], advantages: list[float] | None, total_tokens: int, n_seqs: int,
+                    sums: dict[str, float]) -> tuple[float, torch.Tensor, torch.Tensor]:
+        """Forward and backward of one micro-batch (SFT when `advantages` is None), its loss weighted so
+        that the micro-batches sum to the batch's loss; adds its loss terms into `sums`. Returns the
+        loss, |trainer - sampler| log-prob per token [B, T] and the trained-token mask [B, T]."""
+        ids, mask, slp = pad(mb, self.device)
+        logp_BT = self._token_logprobs(ids, mask if self.score_trained_only else None)
+        mask_BT, slp_BT = mask[:, 1:], slp[:, 1:]
+        if advantages is None:
+            loss = -(logp_BT * mask_BT).sum() / total_tokens
+            metrics: dict[str, Any] = {}
+        else:
+            adv_B = torch.tensor(advantages, dtype=torch.float32, device=self.device)
+            loss, metrics = policy_loss(logp_BT, slp_BT, adv_B, mask_BT, self._loss_config(n_seqs))
+            loss = loss * self._scale(mask_BT, len(mb), total_tokens, n_seqs)
+        loss.backward()
+        for k, v in metrics.items():
+            sums[k] = sums.get(k, 0.0) + float(v) * len(mb) / n_seqs
+        return float(loss.detach()), (logp_BT.detach() - slp_BT).abs(), mask_BT
 
     def _loss_config(self, n_seqs: int) -> LossConfig:
         if self.loss.aggregation == "token_sum" and self.loss.normalizer is None:

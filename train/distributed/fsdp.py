@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
-from train.algo import LossConfig, policy_loss
+from train.algo import LossConfig
 from train.checkpoint import save_policy
 from train.samples import Sample
 from train.trainer import Trainer, TrainerConfig, micro_batches, pad
@@ -51,6 +51,10 @@ def init_process_group() -> tuple[int, int]:
 
 
 class FSDPTrainer(Trainer):
+    # The masked path reads the root's embedding, norm and head outside forward_train, where FSDP
+    # keeps them sharded: score through the registered forward instead.
+    score_trained_only = False
+
     def __init__(
         self, model_dir: str | Path, config: TrainerConfig | None = None, loss: LossConfig | None = None
     ):
@@ -114,25 +118,14 @@ class FSDPTrainer(Trainer):
         sums: dict[str, float] = {}
         gap = torch.tensor([0.0, 0.0, 0.0], dtype=torch.float64)  # sum, count, max over fresh samples
         for group in groups:
-            mb = [samples[i] for i in group] or [samples[0]]
-            ids, mask, slp = pad(mb, self.device)
-            logp_BT = self._token_logprobs(ids)
-            mask_BT, slp_BT = mask[:, 1:], slp[:, 1:]
             if not group:
-                (logp_BT.sum() * 0.0).backward()
+                ids, _, _ = pad([samples[0]], self.device)
+                (self._token_logprobs(ids).sum() * 0.0).backward()
                 continue
-            if sft:
-                loss = -(logp_BT * mask_BT).sum() / total_tokens
-                metrics: dict[str, Any] = {}
-            else:
-                adv_B = torch.tensor([advantages[i] for i in group], dtype=torch.float32, device=self.device)
-                loss, metrics = policy_loss(logp_BT, slp_BT, adv_B, mask_BT, self._loss_config(n_seqs))
-                loss = loss * self._scale(mask_BT, len(mb), total_tokens, n_seqs)
-            loss.backward()
-            loss_sum += float(loss.detach())
-            for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + float(v) * len(mb) / n_seqs
-            diff = (logp_BT.detach() - slp_BT).abs()
+            mb = [samples[i] for i in group]
+            loss, diff, mask_BT = self._micro_step(mb, [advantages[i] for i in group] if not sft else None,
+                                                   total_tokens, n_seqs, sums)
+            loss_sum += loss
             for row, s in enumerate(mb):
                 if s.min_version == self.policy_version and max(s.versions) == self.policy_version:
                     d = diff[row][mask_BT[row] > 0].double().cpu()
