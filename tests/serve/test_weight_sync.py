@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 from transformers import AutoModelForCausalLM
 
 from serve.api import ServerState, create_app
+from serve.chat_format import ChatFormat
 from serve.engine.base import Engine, SamplingParams
 from serve.engine.weights import POLICY_FILE, WeightsLoaded
 from serve.proxy import create_proxy_app
@@ -247,8 +248,8 @@ class _FixedEngine(Engine):
     ("localhost", None, True, 200, None),
     ("127.0.0.1", None, False, 400, "cannot load weights in place"),
 ])
-def test_load_weights_off_loopback_needs_a_key_and_engines_may_refuse(host, key, loads, status, needle):
-    state = ServerState(_FixedEngine(loads), None, "tiny", 64, key, "/m", host)  # type: ignore[arg-type]
+def test_load_weights_off_loopback_needs_a_key_and_engines_may_refuse(host, key, loads, status, needle, tiny_hermes):
+    state = ServerState(_FixedEngine(loads), ChatFormat(tiny_hermes), "tiny", 64, key, "/m", host)
     with TestClient(create_app(state)) as client:
         r = client.post("/v1/load_weights", json={"path": "/x"},
                         headers={"Authorization": f"Bearer {key}"} if key else {})
