@@ -138,7 +138,7 @@ def test_a_broken_builtin_checkpoint_is_one_error_line_with_the_servers_reason(t
     )
     assert p.returncode == 2 and "Traceback" not in p.stderr.split("exited with code")[0], p.stderr
     assert "the built-in model server exited with code" in p.stderr
-    assert "No such file" in p.stderr  # the server's own reason (its missing tokenizer) is shown
+    assert "has no tokenizer.json" in p.stderr  # the server's own reason (its missing tokenizer) is shown
     assert "Fatal Python error" not in p.stderr  # the stdin watchdog does not trip the server's shutdown
     assert gone(bad, 1)
 
