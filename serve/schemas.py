@@ -141,7 +141,16 @@ class StreamOptions(_Lenient):
     include_usage: bool = False
 
 
-class _Sampling(_Lenient):
+class _NoSurrogates(_Lenient):
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_lone_surrogates(cls, v: Any) -> Any:
+        if _has_surrogate(v):
+            raise ValueError("contains a lone UTF-16 surrogate (\\ud800-\\udfff), which is not valid Unicode text")
+        return v
+
+
+class _Sampling(_NoSurrogates):
     model: str
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -155,13 +164,6 @@ class _Sampling(_Lenient):
     stop_token_ids: list[Int()] | None = None
     ignore_eos: bool = False
     return_token_ids: bool = False
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _no_lone_surrogates(cls, v: Any) -> Any:
-        if _has_surrogate(v):
-            raise ValueError("contains a lone UTF-16 surrogate (\\ud800-\\udfff), which is not valid Unicode text")
-        return v
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
@@ -231,15 +233,6 @@ class CompletionRequest(_Sampling):
         if all(isinstance(x, int) for x in p):
             return [list(p)]  # type: ignore[list-item]
         return list(p)  # type: ignore[arg-type]
-
-
-class _NoSurrogates(_Lenient):
-    @field_validator("*", mode="before")
-    @classmethod
-    def _no_lone_surrogates(cls, v: Any) -> Any:
-        if _has_surrogate(v):
-            raise ValueError("contains a lone UTF-16 surrogate (\\ud800-\\udfff), which is not valid Unicode text")
-        return v
 
 
 class TokenizeCompletionRequest(_NoSurrogates):
