@@ -468,6 +468,8 @@ def run(r: TinyRecipe, out: str | Path, data: str | Path | None = None) -> dict[
     data_key = {
         k: getattr(r, k) for k in ("families", "train_seeds", "sizes", "tokenizer_seeds", "vocab_size")
     }
+    if r.init:  # the expert data is tokenized with the init checkpoint's tokenizer
+        data_key["init"] = str(Path(r.init).resolve())
     key_file = data / "data.json"
     if key_file.exists() and json.loads(key_file.read_text()) != json.loads(json.dumps(data_key)):
         raise ValueError(
@@ -478,6 +480,14 @@ def run(r: TinyRecipe, out: str | Path, data: str | Path | None = None) -> dict[
     tok_dir = data / "tokenizer"
 
     def make_tokenizer() -> None:
+        if r.init:  # SFT samples must be token-exact for the init checkpoint: use its tokenizer
+            tmp = tok_dir.with_name("tokenizer.tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+                shutil.copy(Path(r.init) / name, tmp / name)
+            os.replace(tmp, tok_dir)
+            return
         prov = provisional_tokenizer(data / "provisional-tokenizer")
         tasks = train_tasks(r, seeds=min(r.tokenizer_seeds, r.train_seeds))
         record(prov, tasks, data / "tokenizer-corpus", r.concurrency)

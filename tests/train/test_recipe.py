@@ -75,3 +75,20 @@ def test_smoke_recipe_runs_every_stage(tmp_path):
     logits = model.forward_train(ids)
     assert logits.shape[-1] == json.loads((out / "export" / "config.json").read_text())["vocab_size"]
     assert torch.isfinite(logits).all()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_init_records_the_expert_data_with_the_init_checkpoints_tokenizer(tmp_path):
+    """`--init` continues from a checkpoint: its SFT samples must be token-exact for that checkpoint's
+    tokenizer, so the recipe records with it instead of training a new one (which made SFT refuse
+    every sample: "the recorded prompt differs from ... chat template + tokenizer")."""
+    from train.recipe import build_base, provisional_tokenizer, run
+
+    init = build_base(tmp_path / "init", provisional_tokenizer(tmp_path / "tok"), TinyRecipe.smoke())
+    r = TinyRecipe.smoke(families=("find-def",), init=str(init), skip_rl=True, sft_epochs=1)
+    summary = run(r, tmp_path / "run")
+    for name in ("tokenizer.json", "chat_template.jinja"):
+        assert (tmp_path / "run" / "data" / "tokenizer" / name).read_bytes() == (init / name).read_bytes()
+    assert summary["sft"]["pass@1"] is not None
+    assert json.loads((tmp_path / "run" / "data" / "data.json").read_text())["init"] == str(init.resolve())
