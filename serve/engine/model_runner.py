@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels import cpu_attention
 from serve.engine.sequence import Sequence
 from serve.model.layers import AttnMeta, SeqSlice
 from serve.model.qwen3_moe import Qwen3MoeModel
@@ -16,7 +17,7 @@ from serve.model.qwen3_moe import Qwen3MoeModel
 
 class ModelRunner:
     def __init__(self, model: Qwen3MoeModel, num_blocks: int, block_size: int, device: torch.device,
-                 kv_dtype: torch.dtype):
+                 kv_dtype: torch.dtype, decode_kernel: bool = True):
         cfg = model.cfg
         self.model, self.block_size, self.device = model, block_size, device
         slots = num_blocks * block_size
@@ -24,6 +25,9 @@ class ModelRunner:
                     torch.zeros(slots, cfg.num_key_value_heads, cfg.head_dim, dtype=kv_dtype, device=device))
                    for _ in range(cfg.num_hidden_layers)]
         self._offsets = torch.arange(block_size)
+        # Decode attention that reads pages in place, where built for this CPU (else a background build
+        # starts, and this engine gathers pages with torch for its lifetime).
+        self.decode_kernel = cpu_attention.load() if device.type == "cpu" and decode_kernel else None
         self._slot_cache: dict[int, tuple[list[int], torch.Tensor]] = {}
 
     @staticmethod
@@ -52,7 +56,7 @@ class ModelRunner:
         """Forward the batch; returns the sequences that get a new token and their logits [B, V]."""
         ids, positions, slot_map = [], [], []
         prefill: list[SeqSlice] = []
-        decode_rows, decode_slots, decode_lens = [], [], []
+        decode_rows, decode_slots, decode_lens, decode_tables = [], [], [], []
         sampled, logits_rows = [], []
         for seq, n in batch:
             start, row = seq.num_computed, len(ids)
@@ -62,24 +66,31 @@ class ModelRunner:
             slot_map.append(slots_L[start:])
             if n == 1 and start > 0:
                 decode_rows.append(row)
-                decode_slots.append(slots_L)
                 decode_lens.append(start + 1)
+                if self.decode_kernel is not None:
+                    decode_tables.append(seq.block_table)
+                else:
+                    decode_slots.append(slots_L)
             else:
                 prefill.append(SeqSlice(row, n, start + n, slots_L.to(self.device)))
             if start + n == len(seq):
                 sampled.append(seq)
                 logits_rows.append(row + n - 1)
-        longest = max(decode_lens, default=0)
-        padded = torch.zeros(len(decode_slots), longest, dtype=torch.long)
-        for i, s in enumerate(decode_slots):
-            padded[i, : len(s)] = s
-        mask = torch.arange(longest)[None, :] < torch.tensor(decode_lens, dtype=torch.long)[:, None]
         dev = self.device
-        meta = AttnMeta(
-            slot_mapping_T=torch.cat(slot_map).to(dev), prefill=prefill,
-            decode_rows_B=torch.tensor(decode_rows, dtype=torch.long, device=dev),
-            decode_slots_BL=padded.to(dev), decode_mask_B1L=mask[:, None, :].to(dev),
-        )
+        meta = AttnMeta(slot_mapping_T=torch.cat(slot_map).to(dev), prefill=prefill,
+                        decode_rows_B=torch.tensor(decode_rows, dtype=torch.long, device=dev))
+        if self.decode_kernel is not None:
+            width = max((len(t) for t in decode_tables), default=0)
+            meta.decode_kernel, meta.block_size = self.decode_kernel, self.block_size
+            meta.decode_tables_BN = torch.tensor([t + [0] * (width - len(t)) for t in decode_tables], dtype=torch.long)
+            meta.decode_lens_B = torch.tensor(decode_lens, dtype=torch.long)
+        else:
+            longest = max(decode_lens, default=0)
+            padded = torch.zeros(len(decode_slots), longest, dtype=torch.long)
+            for i, s in enumerate(decode_slots):
+                padded[i, : len(s)] = s
+            mask = torch.arange(longest)[None, :] < torch.tensor(decode_lens, dtype=torch.long)[:, None]
+            meta.decode_slots_BL, meta.decode_mask_B1L = padded.to(dev), mask[:, None, :].to(dev)
         if not sampled:  # only partial prefill chunks this step: run them, sample nothing
             logits_rows = [0]
         logits = self.model(torch.tensor(ids, dtype=torch.long, device=dev),

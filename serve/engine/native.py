@@ -74,6 +74,9 @@ class EngineConfig:
     prefix_caching: bool = True
     cpu_pack: bool = True
     """On a CPU, reorder linear weights for oneDNN at load (kernels/cpu_pack.py): faster small batches."""
+    decode_kernel: bool = True
+    """On a CPU, decode attention reads the KV pages in place (kernels/cpu_attention.py) once that kernel
+    is built for this machine (the first start builds it in the background); off: torch gathers pages."""
 
     def __post_init__(self) -> None:
         if self.quant not in ("auto", "none", "mxfp8"):
@@ -125,7 +128,7 @@ class NativeEngine(Engine):
         num_blocks = max(tokens // c.block_size, -(-self.max_model_len // c.block_size) + 1)
         self.blocks = BlockManager(num_blocks, c.block_size, c.prefix_caching)
         self.scheduler = Scheduler(self.blocks, c.max_num_seqs, c.max_batched_tokens)
-        self.runner = ModelRunner(self.model, num_blocks, c.block_size, self.device, self.dtype)
+        self.runner = ModelRunner(self.model, num_blocks, c.block_size, self.device, self.dtype, c.decode_kernel)
         self.kv_cache_bytes = num_blocks * c.block_size * per_token
 
     def _default_kv_tokens(self, per_token: int) -> int:
@@ -143,7 +146,8 @@ class NativeEngine(Engine):
         return (f"engine native, {self.device.type}, {self.dtype}, experts {self.quant}, weights "
                 f"{(dense + experts) / 2**20:.1f} MiB (experts {experts / 2**20:.1f} MiB), KV cache "
                 f"{self.kv_cache_bytes / 2**20:.1f} MiB ({len(self.blocks.blocks) * self.config.block_size} tokens)"
-                + (f"; {self.packing}" if self.packing else ""))
+                + (f"; {self.packing}" if self.packing else "")
+                + ("; decode attention: paged CPU kernel" if self.runner.decode_kernel is not None else ""))
 
     def stats(self) -> EngineStats:
         waiting = len(self.scheduler.waiting) + self._inbox.qsize() + len(self._held)

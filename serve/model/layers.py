@@ -1,8 +1,9 @@
 """Building blocks of Qwen3-MoE: RMSNorm, rotary embeddings (default, linear, YaRN), paged attention.
 
 Attention reads keys and values from a paged cache (flat slots: block * block_size + offset). Decode
-sequences (one new token each) are gathered into one padded batch and run through a single SDPA call
-with a length mask; prefill chunks run per sequence with a causal mask offset by the tokens already
+sequences (one new token each) go through kernels/cpu_attention.py on a CPU where it is built (it reads
+the pages in place); otherwise they are gathered into one padded batch and run through a single SDPA
+call with a length mask. Prefill chunks run per sequence with a causal mask offset by the tokens already
 cached. SDPA is torch's, so the same code runs on CPU and GPU.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -101,8 +103,12 @@ class AttnMeta:
     slot_mapping_T: torch.Tensor  # where each new token's K/V goes
     prefill: list[SeqSlice]
     decode_rows_B: torch.Tensor  # positions in x of the decode tokens
-    decode_slots_BL: torch.Tensor  # padded cache slots of each decode sequence
-    decode_mask_B1L: torch.Tensor  # True where a decode query may attend
+    decode_slots_BL: torch.Tensor | None = None  # padded cache slots of each decode sequence (torch path)
+    decode_mask_B1L: torch.Tensor | None = None  # True where a decode query may attend (torch path)
+    decode_kernel: ModuleType | None = None  # kernels.cpu_attention's module: decode reads pages in place
+    decode_tables_BN: torch.Tensor | None = None  # padded block tables of the decode sequences (kernel)
+    decode_lens_B: torch.Tensor | None = None  # tokens each decode sequence attends to (kernel)
+    block_size: int = 0
 
 
 def paged_attention(q_THC: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttnMeta,
@@ -113,19 +119,25 @@ def paged_attention(q_THC: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     # Gathers use index_select, not advanced indexing: on a CPU `cache[slots_BL]` is ~9x slower for the
     # same rows (a decode step at batch 8 spent ~12% of its time there).
     if meta.decode_rows_B.numel():
-        B, L = meta.decode_slots_BL.shape
+        B = meta.decode_rows_B.shape[0]
         only_decode = not meta.prefill and B == T  # every row decodes, in order: no gather or scatter of q
-        q_BH1C = (q_THC if only_decode else q_THC.index_select(0, meta.decode_rows_B)).unsqueeze(2)
-        flat = meta.decode_slots_BL.reshape(-1)
-        k_BGLC = k_cache.index_select(0, flat).view(B, L, num_kv_heads, -1).permute(0, 2, 1, 3)
-        v_BGLC = v_cache.index_select(0, flat).view(B, L, num_kv_heads, -1).permute(0, 2, 1, 3)
-        o = F.scaled_dot_product_attention(q_BH1C, k_BGLC, v_BGLC, attn_mask=meta.decode_mask_B1L[:, None],
-                                           enable_gqa=gqa)
+        q_BHC = q_THC if only_decode else q_THC.index_select(0, meta.decode_rows_B)
+        if meta.decode_kernel is not None:  # CPU: read each sequence's pages in place
+            o_BHC = meta.decode_kernel.paged_decode_attention(q_BHC, k_cache, v_cache, meta.decode_tables_BN,
+                                                              meta.decode_lens_B, meta.block_size,
+                                                              q_BHC.shape[-1] ** -0.5)
+        else:
+            L = meta.decode_slots_BL.shape[1]
+            flat = meta.decode_slots_BL.reshape(-1)
+            k_BGLC = k_cache.index_select(0, flat).view(B, L, num_kv_heads, -1).permute(0, 2, 1, 3)
+            v_BGLC = v_cache.index_select(0, flat).view(B, L, num_kv_heads, -1).permute(0, 2, 1, 3)
+            o_BHC = F.scaled_dot_product_attention(q_BHC.unsqueeze(2), k_BGLC, v_BGLC,
+                                                   attn_mask=meta.decode_mask_B1L[:, None], enable_gqa=gqa).squeeze(2)
         if only_decode:
-            return o.squeeze(2)
+            return o_BHC
     out_THC = torch.empty_like(q_THC)
     if meta.decode_rows_B.numel():
-        out_THC.index_copy_(0, meta.decode_rows_B, o.squeeze(2))
+        out_THC.index_copy_(0, meta.decode_rows_B, o_BHC)
     for s in meta.prefill:
         q_HQC = q_THC[s.start : s.start + s.q_len].transpose(0, 1)
         k_GLC = k_cache.index_select(0, s.slots_L).transpose(0, 1)
