@@ -182,8 +182,11 @@ def _find_def(rng: random.Random, size: str) -> Generated:
                                                if ln.startswith(f"def {fn.name}("))) + 1
     prompt = rng.choice([f"where is {fn.name} defined?", f"which file has the definition of `{fn.name}`?",
                          f"find where {fn.name} is implemented"])
+    # Naming every module is not an answer (RL learnt to list them all when this only checked `path`).
     extra = (f"answer = open(__import__('os').environ['COMPOSER_ANSWER_FILE']).read()\n"
-             f"if {path!r} not in answer:\n    bad.append('the answer does not name {path}')\n")
+             f"if {path!r} not in answer:\n    bad.append('the answer does not name {path}')\n"
+             f"others = sorted(set(__import__('re').findall(r'pkg/\\w+\\.py', answer)) - {{{path!r}}})\n"
+             f"if others:\n    bad.append(f'the answer also names {{others}}')\n")
     plan = [{"tool_calls": [_call("grep", pattern=f"def {fn.name}\\(")]},
             {"content": f"`{fn.name}` is defined in {path}, line {line}."}]
     return Generated(files, _checker(_all_cases(modules), extra), prompt, plan,
