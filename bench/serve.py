@@ -183,7 +183,7 @@ def step_profile(model_dir: Path, batches: list[int], prompt_len: int, steps: in
 
     Two variants, alternating `rounds` times (the best round of each is kept): "now" (what the engine
     runs) and "before" (decode attention gathering pages with torch, expert weights in their checkpoint
-    layout), so the kernel's and the layout's gain is measured side by side."""
+    layout, experts through torch's grouped path), so the kernels' gain is measured side by side."""
     import torch
 
     import serve.model.qwen3_moe as q
@@ -205,10 +205,10 @@ def step_profile(model_dir: Path, batches: list[int], prompt_len: int, steps: in
                 spent[key] += time.perf_counter() - start
         return wrapper
 
-    def one(model, B: int, decode_kernel: bool) -> dict:
+    def one(model, B: int, kernels) -> dict:
         blocks = B * (-(-(prompt_len + steps + 8) // 16)) + 1
         bm = BlockManager(blocks, 16, False)
-        runner = ModelRunner(model, blocks, 16, torch.device("cpu"), torch.float32, decode_kernel=decode_kernel)
+        runner = ModelRunner(model, blocks, 16, torch.device("cpu"), torch.float32, kernels)
         rng = random.Random(B)
         seqs = [Sequence([rng.randrange(10, 4000) for _ in range(prompt_len)], SamplingParams(max_tokens=steps))
                 for _ in range(B)]
@@ -236,8 +236,11 @@ def step_profile(model_dir: Path, batches: list[int], prompt_len: int, steps: in
     q.SparseMoE.forward = timed(originals[q.SparseMoE], "experts")
     q.Attention.forward = timed(originals[q.Attention], "attention")
     try:
+        from kernels import cpu_ext
+
+        kernels = cpu_ext.load(build_in_background=False)
         now = load_model(model_dir, dtype=torch.float32)
-        now.pack_for_cpu()
+        now.pack_for_cpu(cpu_kernels=kernels)
         before = load_model(model_dir, dtype=torch.float32)
         before.pack_for_cpu()
         for moe in before.moe_layers():  # back to the checkpoint's [E, N, D] row-major layout
@@ -245,8 +248,8 @@ def step_profile(model_dir: Path, batches: list[int], prompt_len: int, steps: in
         out: dict = {"now": {}, "before": {}}
         for B in batches:
             for _ in range(rounds):
-                for name, model, kernel in (("now", now, True), ("before", before, False)):
-                    r = one(model, B, kernel)
+                for name, model, k in (("now", now, kernels), ("before", before, None)):
+                    r = one(model, B, k)
                     if B not in out[name] or r["step_ms"] < out[name][B]["step_ms"]:
                         out[name][B] = r
         return out
@@ -387,14 +390,14 @@ def main() -> None:
         CHILD_ENV["OMP_NUM_THREADS"] = str(args.threads)
         torch.set_num_threads(args.threads)
 
-    from kernels import cpu_attention
+    from kernels import cpu_ext
     from kernels.moe import measure_cpu_costs
 
     try:  # built once per machine; the servers started below then find it
-        cpu_attention.build()
-        print(f"CPU decode attention kernel: {cpu_attention.build_dir()}")
-    except Exception as e:  # noqa: BLE001 - the engine falls back to torch's path; say so
-        print(f"CPU decode attention kernel: not available ({e}); the native engine gathers pages with torch")
+        cpu_ext.build()
+        print(f"CPU kernels: {cpu_ext.build_dir()}")
+    except Exception as e:  # noqa: BLE001 - the engine falls back to torch's paths; say so
+        print(f"CPU kernels: not available ({e}); the native engine runs the torch paths")
 
     flags = set()
     try:
@@ -418,7 +421,7 @@ def main() -> None:
     if not args.skip_profile:
         print("\n## per decode step, native model, one thread owning torch (ms)")
         print(f"{'shape':>5} {'batch':>5} {'step':>6} {'experts':>8} {'attention':>9} {'rest':>6} {'tok/s':>6}  variant "
-              "(now: paged attention kernel + input-major experts; before: torch gather, checkpoint layout)")
+              "(now: our CPU kernels for decode attention and experts; before: the torch paths)")
         for shape in args.shapes:
             prof = step_profile(build_checkpoint(shape), [8, 32], args.prompt_len)
             results["shapes"][shape]["profile"] = prof

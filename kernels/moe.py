@@ -23,8 +23,11 @@ precision use `kernels.mxfp8_linear.mxfp8_moe` (same forward, gradients to maste
 "dot_scaled" for sm_100+, "auto" by device); see kernels/moe_triton.py. `cpu_packed` (CPU inference
 with plain weights) is `kernels.moe_reference.pack_experts(w13, w2)`, used by the all-experts path.
 
-CPU inference with plain weights picks one of two paths per call by what each would touch, priced with
-measured costs (`CpuCosts`): grouped (pairs sorted by expert, two matmuls per expert that got any:
+CPU inference with plain weights stored input-major (the model's `pack_for_cpu` does that) and our C++
+kernels built (`cpu_kernels`, from kernels/cpu_ext.py) runs every routed expert in one kernel call
+(csrc/moe_cpu.cpp): each expert's few decode rows stream its weights once near memory bandwidth, and
+no torch op runs per expert. Otherwise it picks one of two torch paths per call by what each would
+touch, priced with measured costs (`CpuCosts`): grouped (pairs sorted by expert, two matmuls per expert that got any:
 reads only those experts, does only the routed FLOPs, ~2 ops per hit expert) or all-experts (every
 expert on every token in two big matmuls: all experts' bytes, E / K times the FLOPs, a fixed handful
 of ops). Grouped wins unless a batch is tiny and hits every expert anyway.
@@ -33,6 +36,7 @@ of ops). Grouped wins unless a batch is tiny and hits every expert anyway.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 
@@ -93,7 +97,8 @@ def measure_cpu_costs(D: int = 768, inter: int = 384, repeat: int = 20) -> CpuCo
 
 def moe_forward(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor,
                 w13: torch.Tensor | MXFP8Tensor, w2: torch.Tensor | MXFP8Tensor, *,
-                backend: Backend = "auto", mma: str = "auto", cpu_packed: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                backend: Backend = "auto", mma: str = "auto", cpu_packed: tuple[torch.Tensor, torch.Tensor] | None = None,
+                cpu_kernels: ModuleType | None = None) -> torch.Tensor:
     _check(x_TD, topk_ids_TK, topk_weights_TK, w13, w2)
     if isinstance(w13, MXFP8Tensor):
         if use_triton(x_TD.device, backend):
@@ -103,6 +108,8 @@ def moe_forward(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: 
     if backend == "triton":
         raise ValueError("the Triton MoE path takes MXFP8 weights: pass MXFP8Tensor.quantize(w)")
     if x_TD.device.type == "cpu" and not torch.is_grad_enabled():
+        if cpu_kernels is not None and input_major(w13) and input_major(w2) and x_TD.dtype == w13.dtype:
+            return moe_grouped_kernel(x_TD, topk_ids_TK, topk_weights_TK, w13, w2, cpu_kernels)
         T, K = topk_ids_TK.shape
         counts_E = torch.bincount(topk_ids_TK.reshape(-1), minlength=w13.shape[0]).tolist()
         cost = cpu_path_costs(T, K, counts_E, x_TD.shape[1], w2.shape[2], w13.element_size())
@@ -110,6 +117,30 @@ def moe_forward(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: 
             return moe_all_experts(x_TD, topk_ids_TK, topk_weights_TK, w13, w2, cpu_packed)
         return moe_grouped_cpu(x_TD, topk_ids_TK, topk_weights_TK, w13, w2, counts_E)
     return moe_reference(x_TD, topk_ids_TK, topk_weights_TK, w13, w2)
+
+
+def input_major(w_ENK: torch.Tensor) -> bool:
+    """Whether an [E, N, K] expert weight is stored as its contiguous [E, K, N] transpose."""
+    return w_ENK.dim() == 3 and w_ENK.transpose(1, 2).is_contiguous()
+
+
+def moe_grouped_kernel(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor,
+                       w13: torch.Tensor, w2: torch.Tensor, cpu_kernels: ModuleType) -> torch.Tensor:
+    """The grouped path with every expert in one C++ call (csrc/moe_cpu.cpp): pairs sorted by expert and
+    gathered, the kernel, then router weights and the float32 sum as in `moe_grouped_cpu`."""
+    T, K = topk_ids_TK.shape
+    E = w13.shape[0]
+    expert_P = topk_ids_TK.reshape(-1)
+    order_P = torch.argsort(expert_P, stable=True)  # stable: a token's experts are summed in expert order
+    tokens_P = order_P // K
+    offsets_E1 = torch.zeros(E + 1, dtype=torch.long)
+    torch.cumsum(torch.bincount(expert_P, minlength=E), 0, out=offsets_E1[1:])
+    y_PD = cpu_kernels.grouped_experts(x_TD.index_select(0, tokens_P), offsets_E1, w13.transpose(1, 2),
+                                       w2.transpose(1, 2))
+    weight_P1 = topk_weights_TK.reshape(-1).to(torch.float32).index_select(0, order_P)[:, None]
+    y_PD = y_PD.to(torch.float32).mul_(weight_P1) if y_PD.dtype != torch.float32 else y_PD.mul_(weight_P1)
+    out_TD = torch.zeros(T, x_TD.shape[1], dtype=torch.float32).index_add_(0, tokens_P, y_PD)
+    return out_TD.to(x_TD.dtype)
 
 
 def _check(x_TD, topk_ids_TK, topk_weights_TK, w13, w2) -> None:

@@ -9,17 +9,17 @@
 // heads that share them), takes an exact softmax, then reads its values once. Accumulation is in
 // float32 whatever the cache dtype. Scores for a context of L tokens take (H / G) * L floats per task.
 
-// Narrow includes (not torch/extension.h): the build is mostly header parsing, and this halves it.
+// Narrow includes (not torch/extension.h): the build is mostly header parsing.
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
-#include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
+namespace composer {
 namespace {
 
 // HEAD_DIM > 0 fixes C at compile time (the common head dims: fully unrolled, vectorized inner loops);
@@ -86,6 +86,8 @@ void decode(const scalar_t* q, int64_t q_sb, int64_t q_sh, const scalar_t* k, co
   });
 }
 
+}  // namespace
+
 at::Tensor paged_decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
                                      at::Tensor tables, at::Tensor lens, int64_t block_size,
                                      double scale) {
@@ -119,8 +121,4 @@ at::Tensor paged_decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v
   return out;
 }
 
-}  // namespace
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode_attention", &paged_decode_attention, "paged decode attention (CPU)");
-}
+}  // namespace composer

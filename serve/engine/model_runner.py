@@ -7,9 +7,10 @@ padded decode group; everything else (prompt chunks) is a prefill slice.
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 
-from kernels import cpu_attention
 from serve.engine.sequence import Sequence
 from serve.model.layers import AttnMeta, SeqSlice
 from serve.model.qwen3_moe import Qwen3MoeModel
@@ -17,7 +18,7 @@ from serve.model.qwen3_moe import Qwen3MoeModel
 
 class ModelRunner:
     def __init__(self, model: Qwen3MoeModel, num_blocks: int, block_size: int, device: torch.device,
-                 kv_dtype: torch.dtype, decode_kernel: bool = True):
+                 kv_dtype: torch.dtype, cpu_kernels: ModuleType | None = None):
         cfg = model.cfg
         self.model, self.block_size, self.device = model, block_size, device
         slots = num_blocks * block_size
@@ -25,9 +26,8 @@ class ModelRunner:
                     torch.zeros(slots, cfg.num_key_value_heads, cfg.head_dim, dtype=kv_dtype, device=device))
                    for _ in range(cfg.num_hidden_layers)]
         self._offsets = torch.arange(block_size)
-        # Decode attention that reads pages in place, where built for this CPU (else a background build
-        # starts, and this engine gathers pages with torch for its lifetime).
-        self.decode_kernel = cpu_attention.load() if device.type == "cpu" and decode_kernel else None
+        # kernels/cpu_ext.py's module (CPU, where built): decode attention then reads the pages in place
+        self.decode_kernel = cpu_kernels
         self._slot_cache: dict[int, tuple[list[int], torch.Tensor]] = {}
 
     @staticmethod

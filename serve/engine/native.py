@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from kernels import cpu_ext
 from serve.engine.base import DONE, Engine, EngineStats, EngineStopped, GenToken, SamplingParams, drain
 from serve.engine.block_manager import BlockManager
 from serve.engine.model_runner import ModelRunner
@@ -74,9 +75,10 @@ class EngineConfig:
     prefix_caching: bool = True
     cpu_pack: bool = True
     """On a CPU, reorder linear weights for oneDNN at load (kernels/cpu_pack.py): faster small batches."""
-    decode_kernel: bool = True
-    """On a CPU, decode attention reads the KV pages in place (kernels/cpu_attention.py) once that kernel
-    is built for this machine (the first start builds it in the background); off: torch gathers pages."""
+    cpu_kernels: bool = True
+    """On a CPU, decode attention (reading the KV pages in place) and the routed experts run our C++
+    kernels (kernels/cpu_ext.py) once they are built for this machine (a first start builds them in the
+    background and runs the torch paths); off: the torch paths."""
 
     def __post_init__(self) -> None:
         if self.quant not in ("auto", "none", "mxfp8"):
@@ -115,7 +117,9 @@ class NativeEngine(Engine):
         """On the engine thread: load and pack the model, size the KV cache, build scheduler and runner."""
         c = self.config
         self.model = load_model(model_dir, device=self.device, dtype=self.dtype, quant=self.quant)
-        self.packing = self.model.pack_for_cpu() if self.device.type == "cpu" and c.cpu_pack else ""
+        self.cpu_kernels = cpu_ext.load() if self.device.type == "cpu" and c.cpu_kernels else None
+        cpu = self.device.type == "cpu" and c.cpu_pack
+        self.packing = self.model.pack_for_cpu(cpu_kernels=self.cpu_kernels) if cpu else ""
         self.policy_version = read_policy_version(model_dir) or 0
         self.max_model_len = c.max_model_len or self.model.cfg.max_position_embeddings
         per_token = ModelRunner.kv_bytes_per_token(self.model, self.dtype)
@@ -128,7 +132,7 @@ class NativeEngine(Engine):
         num_blocks = max(tokens // c.block_size, -(-self.max_model_len // c.block_size) + 1)
         self.blocks = BlockManager(num_blocks, c.block_size, c.prefix_caching)
         self.scheduler = Scheduler(self.blocks, c.max_num_seqs, c.max_batched_tokens)
-        self.runner = ModelRunner(self.model, num_blocks, c.block_size, self.device, self.dtype, c.decode_kernel)
+        self.runner = ModelRunner(self.model, num_blocks, c.block_size, self.device, self.dtype, self.cpu_kernels)
         self.kv_cache_bytes = num_blocks * c.block_size * per_token
 
     def _default_kv_tokens(self, per_token: int) -> int:
@@ -308,7 +312,7 @@ class NativeEngine(Engine):
             except Exception as e:  # noqa: BLE001 - any failure to read it is the caller's checkpoint's
                 raise WeightLoadError(f"cannot load {cmd.path}: {type(e).__name__}: {e}") from None
             if self.device.type == "cpu" and self.config.cpu_pack:
-                model.pack_for_cpu()
+                model.pack_for_cpu(cpu_kernels=self.cpu_kernels)
             self.blocks.reset_prefix_cache()  # before the swap: if it refused, nothing would have changed
             old, self.model = self.model, model
             self.runner.model = model

@@ -105,7 +105,7 @@ class AttnMeta:
     decode_rows_B: torch.Tensor  # positions in x of the decode tokens
     decode_slots_BL: torch.Tensor | None = None  # padded cache slots of each decode sequence (torch path)
     decode_mask_B1L: torch.Tensor | None = None  # True where a decode query may attend (torch path)
-    decode_kernel: ModuleType | None = None  # kernels.cpu_attention's module: decode reads pages in place
+    decode_kernel: ModuleType | None = None  # kernels/cpu_ext.py's module: decode reads pages in place
     decode_tables_BN: torch.Tensor | None = None  # padded block tables of the decode sequences (kernel)
     decode_lens_B: torch.Tensor | None = None  # tokens each decode sequence attends to (kernel)
     block_size: int = 0

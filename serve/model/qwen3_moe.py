@@ -14,6 +14,8 @@ tensors into Parameters (fp32/bf16 masters); with `train_mxfp8` set they run thr
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -102,6 +104,7 @@ class SparseMoE(nn.Module):
         self.w13: torch.Tensor | MXFP8Tensor = torch.empty(0)
         self.w2: torch.Tensor | MXFP8Tensor = torch.empty(0)
         self.train_mxfp8 = False  # training: experts through the MXFP8 straight-through path
+        self.cpu_kernels: ModuleType | None = None  # inference on a CPU: kernels/cpu_ext.py (pack_for_cpu)
 
     def forward(self, x_TD: torch.Tensor) -> torch.Tensor:
         logits_TE = self.gate(x_TD)
@@ -112,7 +115,7 @@ class SparseMoE(nn.Module):
         weights_TK = weights_TK.to(logits_TE.dtype)
         if self.train_mxfp8:
             return mxfp8_moe(x_TD, ids_TK, weights_TK, self.w13, self.w2)
-        return moe_forward(x_TD, ids_TK, weights_TK, self.w13, self.w2)
+        return moe_forward(x_TD, ids_TK, weights_TK, self.w13, self.w2, cpu_kernels=self.cpu_kernels)
 
 
 class DecoderLayer(nn.Module):
@@ -185,7 +188,8 @@ class Qwen3MoeModel(nn.Module):
         self.train()
         return self
 
-    def pack_for_cpu(self, min_linear_elements: int = cpu_pack.MIN_PACKED_ELEMENTS) -> str:
+    def pack_for_cpu(self, min_linear_elements: int = cpu_pack.MIN_PACKED_ELEMENTS,
+                     cpu_kernels: ModuleType | None = None) -> str:
         """Inference on a CPU (the model cannot train after it): each layer's q/k/v projections fused into
         one, the weights of large linear layers reordered for oneDNN (kernels/cpu_pack.py), and plain expert
         weights stored input-major. No extra memory: each new layout replaces the old one.
@@ -193,8 +197,9 @@ class Qwen3MoeModel(nn.Module):
         Experts: the grouped path runs `x @ w[e].T` with a few rows per expert, and MKL streams a [D, N]
         matrix stored row-major 1.1-1.4x faster than the transpose of an [N, D] one at those sizes
         (batch 8: 4.8 -> 3.7 ms per e32 layer). The tensors keep their [E, N, D] shape (a transposed view),
-        so every expert path reads them unchanged. A oneDNN-packed copy per expert was measured too: faster
-        from ~8 rows, slower at 1-2 (decode at low concurrency), so not used. Returns what was done."""
+        so every expert path reads them unchanged, and `cpu_kernels` (kernels/cpu_ext.py's module, if built)
+        runs them all in one call. A oneDNN-packed copy per expert was measured too: faster from ~8 rows,
+        slower at 1-2 (decode at low concurrency), so not used. Returns what was done."""
         dtype = self.embed_tokens.weight.dtype
         if self.embed_tokens.weight.device.type != "cpu" or not cpu_pack.available(dtype):
             return "not packed"
@@ -208,8 +213,10 @@ class Qwen3MoeModel(nn.Module):
                 if isinstance(w, torch.Tensor) and w.dim() == 3 and w.is_contiguous():
                     setattr(moe, name, w.transpose(1, 2).contiguous().transpose(1, 2))
                     experts += 1
+            moe.cpu_kernels = cpu_kernels
         return (f"q/k/v fused, {n} linear layer{'s' * (n != 1)} packed for oneDNN"
-                + (", experts stored input-major" if experts else ""))
+                + (", experts stored input-major" if experts else "")
+                + (", experts through the CPU kernel" if cpu_kernels is not None and self.moe_layers() else ""))
 
     def weight_bytes(self) -> tuple[int, int]:
         """(dense bytes, expert bytes) as stored."""

@@ -135,14 +135,15 @@ def test_cpu_packed_weights_give_the_same_tokens_and_logits(tiny_hermes, engine)
         assert (engine_logits(packed, ids, split=50) - ref).abs().max().item() <= 1e-4
 
 
-def test_paged_decode_kernel_gives_the_same_tokens_and_logits(tiny_hermes, engine):
-    from kernels import cpu_attention
+def test_cpu_kernels_give_the_same_tokens_and_logits(tiny_hermes, engine):
+    from kernels import cpu_ext
 
-    if cpu_attention.load(build_in_background=False) is None:
-        pytest.skip("the CPU attention kernel is not built on this machine (tests/kernels builds it)")
+    if cpu_ext.load(build_in_background=False) is None:
+        pytest.skip("our CPU kernels are not built on this machine (tests/kernels builds them)")
     assert "decode attention: paged CPU kernel" in engine.describe()
-    gathered = NativeEngine(str(tiny_hermes), EngineConfig(dtype="float32", kv_cache_tokens=8192, decode_kernel=False))
-    assert gathered.runner.decode_kernel is None
+    assert "experts through the CPU kernel" in engine.describe()
+    gathered = NativeEngine(str(tiny_hermes), EngineConfig(dtype="float32", kv_cache_tokens=8192, cpu_kernels=False))
+    assert gathered.runner.decode_kernel is None and "CPU kernel" not in gathered.describe()
     ps = prompts(8, seed=15)
     assert generate_all(engine, ps, greedy(20)) == generate_all(gathered, ps, greedy(20))
     ids = prompts(1, seed=16, lo=70, hi=71)[0]

@@ -1,0 +1,117 @@
+"""Our C++ CPU kernels (kernels/csrc/), built once per machine into one extension module.
+
+    paged_decode_attention(q_BHC, k_cache_SGC, v_cache_SGC, tables_BN, lens_B, block_size, scale)
+        decode attention reading the paged KV cache in place (see kernels/cpu_attention.py)
+    grouped_experts(x_PD, offsets_E1, w13t_EDN, w2t_EID) -> y_PD
+        a MoE layer's routed experts for pairs sorted by expert (see kernels/moe.py)
+
+Why kernels: a CPU decode step is bound by moving bytes, and the torch paths moved more than needed
+(pages gathered into a padded copy before attention; experts' few-row matmuls streaming their weights
+well below memory bandwidth, at two library calls per expert). Each file says how it does better.
+
+Built with torch's C++ extension tooling (a C++ compiler and ninja; flags for this CPU's vector
+extensions) into ~/.cache/composer/kernels/ (or $COMPOSER_KERNEL_CACHE), keyed by the sources, torch,
+Python and the CPU's capability, so a changed machine never runs a binary built for another. A build
+takes ~30-60 s once. `load()` never compiles in the calling process: an engine that finds no build
+starts one in a background process and runs the torch paths for its own lifetime, and the next start
+uses the kernels; `python -m kernels.cpu_ext` builds them now. Where no compiler is available the torch
+paths simply stay (and stay the references the tests compare against). COMPOSER_KERNEL_BUILD=0: no
+background build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+log = logging.getLogger(__name__)
+
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = [CSRC / "bindings.cpp", CSRC / "paged_attention_cpu.cpp", CSRC / "moe_cpu.cpp"]
+_ARCH_FLAGS = {"AVX2": ["-mavx2", "-mfma", "-mf16c"],
+               "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma", "-mf16c"]}
+_lock = threading.Lock()
+_module: ModuleType | None = None
+_background: subprocess.Popen | None = None
+
+
+def _capability() -> str:
+    try:
+        return torch.backends.cpu.get_cpu_capability()
+    except (AttributeError, RuntimeError):
+        return "DEFAULT"
+
+
+def build_dir() -> Path:
+    """Where this source, torch, Python and CPU capability's build lives."""
+    key = hashlib.sha256(b"".join(src.read_bytes() for src in SOURCES))
+    key.update(f"{torch.__version__} {sys.version_info[:2]} {_capability()}".encode())
+    root = Path(os.environ.get("COMPOSER_KERNEL_CACHE") or Path.home() / ".cache" / "composer" / "kernels")
+    return root / f"cpu_kernels-{key.hexdigest()[:16]}"
+
+
+def _name(folder: Path) -> str:
+    return "composer_" + folder.name.replace("-", "_")
+
+
+def build(verbose: bool = False) -> ModuleType:
+    """Compile (if not built yet) and import the kernels; raises if this machine cannot build them."""
+    global _module
+    from torch.utils import cpp_extension
+
+    with _lock:
+        if _module is None:
+            # the `ninja` wheel puts its binary next to this Python, which need not be on PATH (a venv used
+            # without activating it); torch looks for ninja on PATH
+            bin_dir = str(Path(sys.executable).parent)
+            if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
+                os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
+            folder = build_dir()
+            folder.mkdir(parents=True, exist_ok=True)
+            _module = cpp_extension.load(
+                name=_name(folder), sources=[str(src) for src in SOURCES], build_directory=str(folder), verbose=verbose,
+                extra_cflags=["-O3", "-fopenmp", *_ARCH_FLAGS.get(_capability(), [])],
+                # libgomp.so.1 is the soname torch's own OpenMP runtime is loaded under: one thread pool
+                extra_ldflags=["-fopenmp"])
+        return _module
+
+
+def load(build_in_background: bool = True) -> ModuleType | None:
+    """The kernels if already built for this machine (importing them takes milliseconds), else None;
+    then, unless told not to, a build starts in a background process (once per process) for next time."""
+    global _background
+    if _module is not None:
+        return _module
+    folder = build_dir()
+    if (folder / f"{_name(folder)}.so").exists():
+        try:
+            return build()
+        except Exception as e:  # a stale or broken build: rebuild it in the background
+            log.warning("the CPU kernels in %s did not load (%s); using torch's paths", folder, e)
+    if build_in_background and _background is None and os.environ.get("COMPOSER_KERNEL_BUILD", "1") != "0":
+        log.info("building the CPU kernels in the background (once per machine, ~30-60 s): "
+                 "this server uses torch's paths, the next start uses the kernels")
+        _background = subprocess.Popen([sys.executable, "-m", "kernels.cpu_ext", "--quiet"],
+                                       cwd=str(Path(__file__).resolve().parents[1]), stdin=subprocess.DEVNULL,
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    return None
+
+
+if __name__ == "__main__":
+    quiet = "--quiet" in sys.argv
+    try:
+        build(verbose=not quiet)
+    except Exception as e:
+        if not quiet:
+            print(f"could not build the CPU kernels: {e}", file=sys.stderr)
+        sys.exit(1)
+    if not quiet:
+        print(f"built: {build_dir()}")

@@ -1,0 +1,96 @@
+"""The CPU grouped-experts kernel (csrc/moe_cpu.cpp) against the grouped reference."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from kernels import cpu_ext
+from kernels.moe import input_major, moe_forward, moe_grouped_kernel
+from kernels.moe_reference import moe_reference
+from tests.kernels.moe_data import make_layer
+
+pytestmark = pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None,
+                                reason="no C++ compiler: the kernel cannot be built here (the torch path stays)")
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    return cpu_ext.build()
+
+
+def input_major_copy(w: torch.Tensor) -> torch.Tensor:
+    return w.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+@pytest.mark.parametrize(("T", "E", "K", "D", "inter", "skew"), [
+    (1, 8, 2, 64, 32, False),  # one token: two experts with one row each
+    (8, 32, 4, 128, 64, False),  # decode: 1-2 rows per expert (the streaming loop)
+    (40, 4, 2, 96, 48, True),  # skew: some experts past 8 rows (the library GEMM), some empty
+    (5, 6, 3, 70, 22, False),  # sizes that are not multiples of 4 or 8 (loop tails)
+])
+def test_matches_the_grouped_reference(kernels, T, E, K, D, inter, skew):
+    x, ids, w, w13, w2 = make_layer(T, E, K, D, inter, seed=T, skew=skew)
+    want = moe_reference(x, ids, w, w13, w2)
+    with torch.inference_mode():
+        got = moe_grouped_kernel(x, ids, w, input_major_copy(w13), input_major_copy(w2), kernels)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_experts_nobody_picked_are_never_read(kernels):
+    x, ids, w, w13, w2 = make_layer(24, 16, 2, 64, 32, seed=5, skew=True)
+    unused = sorted(set(range(16)) - set(ids.flatten().tolist()))
+    assert unused
+    want = moe_reference(x, ids, w, w13, w2)
+    w13[unused], w2[unused] = float("nan"), float("nan")
+    with torch.inference_mode():
+        got = moe_grouped_kernel(x, ids, w, input_major_copy(w13), input_major_copy(w2), kernels)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_bfloat16(kernels):
+    x, ids, w, w13, w2 = make_layer(6, 8, 2, 64, 32, seed=9)
+    want = moe_reference(x, ids, w, w13, w2)
+    with torch.inference_mode():
+        got = moe_grouped_kernel(x.bfloat16(), ids, w, input_major_copy(w13.bfloat16()),
+                                 input_major_copy(w2.bfloat16()), kernels)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
+
+
+class Counting:
+    """The real kernel module, counting its calls."""
+
+    def __init__(self, module):
+        self.module, self.calls = module, 0
+
+    def grouped_experts(self, *args):
+        self.calls += 1
+        return self.module.grouped_experts(*args)
+
+
+def test_moe_forward_takes_the_kernel_only_for_input_major_weights(kernels):
+    x, ids, w, w13, w2 = make_layer(8, 8, 2, 64, 32, seed=3)
+    assert not input_major(w13) and input_major(input_major_copy(w13))
+    spy = Counting(kernels)
+    want = moe_reference(x, ids, w, w13, w2)
+    with torch.inference_mode():
+        plain = moe_forward(x, ids, w, w13, w2, cpu_kernels=spy)  # the checkpoint's layout: a torch path
+        assert spy.calls == 0
+        ours = moe_forward(x, ids, w, input_major_copy(w13), input_major_copy(w2), cpu_kernels=spy)
+        assert spy.calls == 1
+    torch.testing.assert_close(plain, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours, want, atol=1e-5, rtol=1e-5)
+
+
+def test_bad_offsets_are_refused(kernels):
+    x = torch.randn(3, 16)
+    w13t, w2t = torch.randn(2, 16, 8), torch.randn(2, 4, 16)
+    with pytest.raises(RuntimeError, match="from 0 to P"):
+        kernels.grouped_experts(x, torch.tensor([0, 1, 2]), w13t, w2t)
+    with pytest.raises(RuntimeError, match="not decrease"):
+        kernels.grouped_experts(x, torch.tensor([0, 4, 3]), w13t, w2t)
+    with pytest.raises(RuntimeError, match="shapes differ"):
+        kernels.grouped_experts(x, torch.tensor([0, 1, 3]), w13t, torch.randn(2, 4, 15))
