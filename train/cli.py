@@ -94,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--control", choices=["none", "zero"], help="zero: every reward (so every advantage) is 0")
     rec.add_argument("--eval-seeds", dest="eval_seeds", type=int, help="held-out seeds per family and size")
     rec.add_argument("--eval-sizes", dest="eval_sizes", help="comma-separated held-out sizes")
+    rec.add_argument("--eval-t1", dest="eval_t1", action="store_true", default=None,
+                     help="also evaluate held-out at T=1, the temperature RL samples at")
     rec.add_argument("--max-turns", dest="max_turns", type=int, help="model turns per episode (RL and eval)")
     rec.add_argument("--max-output-tokens", dest="max_output_tokens", type=int, help="max_tokens per model request")
     rec.add_argument("--init", help="start from this checkpoint (same tokenizer) instead of a random model")

@@ -79,6 +79,8 @@ class TinyRecipe:
     eval_seeds: int = 15
     """Held-out seeds 1e6..1e6+N-1 of each family, eval sizes."""
     eval_sizes: tuple[str, ...] = ("small",)
+    eval_t1: bool = False
+    """Also evaluate held-out at T=1 (the temperature RL samples at), besides greedy."""
     max_output_tokens: int = 160
     max_turns: int = 8
     concurrency: int = 2
@@ -390,9 +392,9 @@ class Served:
             self.server = None
 
 
-def evaluate(server, tasks, out: Path, r: TinyRecipe) -> dict[str, Any]:
-    """Greedy episodes of `tasks` through the eval runner against `server`, plus what the report lacks:
-    malformed tool calls per episode and tokens per solved task of each family."""
+def evaluate(server, tasks, out: Path, r: TinyRecipe, temperature: float = 0.0) -> dict[str, Any]:
+    """Episodes of `tasks` (greedy by default) through the eval runner against `server`, plus what the
+    report lacks: malformed tool calls per episode and tokens per solved task of each family."""
     from agent.config import Config
     from agent.session import load
     from agent.tasks.eval import EvalConfig, run_eval
@@ -403,7 +405,7 @@ def evaluate(server, tasks, out: Path, r: TinyRecipe) -> dict[str, Any]:
         base_url=server.base_url,
         model=server.model,
         api_key=server.api_key,
-        temperature=0.0,
+        temperature=temperature,
         max_output_tokens=r.max_output_tokens,
         max_retries=2,
     )
@@ -543,6 +545,8 @@ def run(r: TinyRecipe, out: str | Path, data: str | Path | None = None) -> dict[
         )
         summary["sft"] = headline(json.loads((out / "eval-sft" / "report.json").read_text()))
         say(f"held-out after SFT: {summary['sft']}")
+        if r.eval_t1:
+            _eval_t1(served, sft_dir, heldout, out, "sft", r, stage, summary)
 
         final = sft_dir
         if not r.skip_rl:
@@ -556,6 +560,8 @@ def run(r: TinyRecipe, out: str | Path, data: str | Path | None = None) -> dict[
             )
             summary["rl"] = headline(json.loads((out / "eval-rl" / "report.json").read_text()))
             say(f"held-out after RL: {summary['rl']}")
+            if r.eval_t1:
+                _eval_t1(served, final, heldout, out, "rl", r, stage, summary)
     finally:
         served.stop()
 
@@ -567,6 +573,20 @@ def run(r: TinyRecipe, out: str | Path, data: str | Path | None = None) -> dict[
     summary["timings_s"] = old.get("timings_s", {}) | timings
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def _eval_t1(
+    served: Served, model: Path, heldout, out: Path, name: str, r: TinyRecipe, stage, summary
+) -> None:
+    """Held-out at T=1: the policy RL optimises (greedy can hide a change of the sampled policy)."""
+    folder = out / f"eval-{name}-t1"
+    stage(
+        f"eval {name} T=1",
+        folder / "report.json",
+        lambda: evaluate(served.serve(model), heldout, folder, r, temperature=1.0),
+    )
+    summary[f"{name}_t1"] = headline(json.loads((folder / "report.json").read_text()))
+    say(f"held-out after {name.upper()} at T=1: {summary[f'{name}_t1']}")
 
 
 def _rl(sft_dir: Path, rl_dir: Path, r: TinyRecipe, served: Served) -> None:

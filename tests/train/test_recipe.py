@@ -86,8 +86,11 @@ def test_init_records_the_expert_data_with_the_init_checkpoints_tokenizer(tmp_pa
     from train.recipe import build_base, provisional_tokenizer, run
 
     init = build_base(tmp_path / "init", provisional_tokenizer(tmp_path / "tok"), TinyRecipe.smoke())
-    r = TinyRecipe.smoke(families=("find-def",), init=str(init), skip_rl=True, sft_epochs=1)
+    r = TinyRecipe.smoke(families=("find-def",), init=str(init), skip_rl=True, sft_epochs=1, eval_t1=True)
     summary = run(r, tmp_path / "run")
+    # --eval-t1: the held-out split sampled at T=1 too, in its own folder
+    t1 = json.loads((tmp_path / "run" / "eval-sft-t1" / "report.json").read_text())
+    assert t1["overall"]["episodes"] == len(heldout_tasks(r)) and summary["sft_t1"]["pass@1"] is not None
     for name in ("tokenizer.json", "chat_template.jinja"):
         assert (tmp_path / "run" / "data" / "tokenizer" / name).read_bytes() == (init / name).read_bytes()
     assert summary["sft"]["pass@1"] is not None
