@@ -26,7 +26,7 @@
 namespace composer {
 namespace {
 
-constexpr int64_t kStreamRows = 8;  // at most this many rows per expert: the streaming loop; more: at::mm
+constexpr int64_t kStreamRows = 16;  // at most this many rows per expert: the streaming loop; more: at::mm
 
 // out[m, :] = sum_k a[m, k] * b[k, :] for m < n (n <= kStreamRows), b [K, N] row-major. Four weight
 // rows at a time per output row: one load and store of the output per four FMAs (the loop is bound by

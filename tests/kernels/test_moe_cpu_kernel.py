@@ -28,7 +28,7 @@ def input_major_copy(w: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize(("T", "E", "K", "D", "inter", "skew"), [
     (1, 8, 2, 64, 32, False),  # one token: two experts with one row each
     (8, 32, 4, 128, 64, False),  # decode: 1-2 rows per expert (the streaming loop)
-    (40, 4, 2, 96, 48, True),  # skew: some experts past 8 rows (the library GEMM), some empty
+    (40, 4, 2, 96, 48, True),  # skew: some experts past 16 rows (the library GEMM), some empty
     (5, 6, 3, 70, 22, False),  # sizes that are not multiples of 4 or 8 (loop tails)
 ])
 def test_matches_the_grouped_reference(kernels, T, E, K, D, inter, skew):
