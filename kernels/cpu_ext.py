@@ -2,8 +2,8 @@
 
     paged_decode_attention(q_BHC, k_cache_SGC, v_cache_SGC, tables_BN, lens_B, block_size, scale)
         decode attention reading the paged KV cache in place (see kernels/cpu_attention.py)
-    grouped_experts(x_PD, offsets_E1, w13t_EDN, w2t_EID) -> y_PD
-        a MoE layer's routed experts for pairs sorted by expert (see kernels/moe.py)
+    moe_experts(x_TD, ids_TK, weights_TK, w13t_EDN, w2t_EID) -> out_TD
+        a MoE layer's routed experts, router output in, layer output out (see kernels/moe.py)
 
 Why kernels: a CPU decode step is bound by moving bytes, and the torch paths moved more than needed
 (pages gathered into a padded copy before attention; experts' few-row matmuls streaming their weights

@@ -126,21 +126,10 @@ def input_major(w_ENK: torch.Tensor) -> bool:
 
 def moe_grouped_kernel(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor,
                        w13: torch.Tensor, w2: torch.Tensor, cpu_kernels: ModuleType) -> torch.Tensor:
-    """The grouped path with every expert in one C++ call (csrc/moe_cpu.cpp): pairs sorted by expert and
-    gathered, the kernel, then router weights and the float32 sum as in `moe_grouped_cpu`."""
-    T, K = topk_ids_TK.shape
-    E = w13.shape[0]
-    expert_P = topk_ids_TK.reshape(-1)
-    order_P = torch.argsort(expert_P, stable=True)  # stable: a token's experts are summed in expert order
-    tokens_P = order_P // K
-    offsets_E1 = torch.zeros(E + 1, dtype=torch.long)
-    torch.cumsum(torch.bincount(expert_P, minlength=E), 0, out=offsets_E1[1:])
-    y_PD = cpu_kernels.grouped_experts(x_TD.index_select(0, tokens_P), offsets_E1, w13.transpose(1, 2),
-                                       w2.transpose(1, 2))
-    weight_P1 = topk_weights_TK.reshape(-1).to(torch.float32).index_select(0, order_P)[:, None]
-    y_PD = y_PD.to(torch.float32).mul_(weight_P1) if y_PD.dtype != torch.float32 else y_PD.mul_(weight_P1)
-    out_TD = torch.zeros(T, x_TD.shape[1], dtype=torch.float32).index_add_(0, tokens_P, y_PD)
-    return out_TD.to(x_TD.dtype)
+    """Every routed expert in one C++ call (csrc/moe_cpu.cpp): the pairs sorted by expert, the experts,
+    the router weights and each token's float32 sum in ascending expert order, as `moe_grouped_cpu`."""
+    return cpu_kernels.moe_experts(x_TD.contiguous(), topk_ids_TK.long().contiguous(),
+                                   topk_weights_TK.float().contiguous(), w13.transpose(1, 2), w2.transpose(1, 2))
 
 
 def _check(x_TD, topk_ids_TK, topk_weights_TK, w13, w2) -> None:

@@ -6,12 +6,12 @@
 namespace composer {
 at::Tensor paged_decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor tables,
                                   at::Tensor lens, int64_t block_size, double scale);
-at::Tensor grouped_experts(at::Tensor x, at::Tensor offsets, at::Tensor w13t, at::Tensor w2t);
+at::Tensor moe_experts(at::Tensor x, at::Tensor ids, at::Tensor weights, at::Tensor w13t, at::Tensor w2t);
 }  // namespace composer
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &composer::paged_decode_attention,
         "decode attention reading the paged KV cache in place (paged_attention_cpu.cpp)");
-  m.def("grouped_experts", &composer::grouped_experts,
-        "a MoE layer's routed experts, pairs sorted by expert (moe_cpu.cpp)");
+  m.def("moe_experts", &composer::moe_experts,
+        "a MoE layer's routed experts, router output in, layer output out (moe_cpu.cpp)");
 }

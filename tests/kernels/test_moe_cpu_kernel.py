@@ -66,9 +66,9 @@ class Counting:
     def __init__(self, module):
         self.module, self.calls = module, 0
 
-    def grouped_experts(self, *args):
+    def moe_experts(self, *args):
         self.calls += 1
-        return self.module.grouped_experts(*args)
+        return self.module.moe_experts(*args)
 
 
 def test_moe_forward_takes_the_kernel_only_for_input_major_weights(kernels):
@@ -85,12 +85,28 @@ def test_moe_forward_takes_the_kernel_only_for_input_major_weights(kernels):
     torch.testing.assert_close(ours, want, atol=1e-5, rtol=1e-5)
 
 
-def test_bad_offsets_are_refused(kernels):
-    x = torch.randn(3, 16)
+def test_bad_inputs_are_refused(kernels):
+    x, ids, w = torch.randn(3, 16), torch.tensor([[0, 1], [1, 0], [0, 1]]), torch.rand(3, 2)
     w13t, w2t = torch.randn(2, 16, 8), torch.randn(2, 4, 16)
-    with pytest.raises(RuntimeError, match="from 0 to P"):
-        kernels.grouped_experts(x, torch.tensor([0, 1, 2]), w13t, w2t)
-    with pytest.raises(RuntimeError, match="not decrease"):
-        kernels.grouped_experts(x, torch.tensor([0, 4, 3]), w13t, w2t)
+    with pytest.raises(RuntimeError, match="expert id 2 is outside 0..1"):
+        kernels.moe_experts(x, torch.tensor([[0, 1], [1, 2], [0, 1]]), w, w13t, w2t)
+    with pytest.raises(RuntimeError, match="float32"):
+        kernels.moe_experts(x, ids, w.double(), w13t, w2t)
     with pytest.raises(RuntimeError, match="shapes differ"):
-        kernels.grouped_experts(x, torch.tensor([0, 1, 3]), w13t, torch.randn(2, 4, 15))
+        kernels.moe_experts(x, ids, w, w13t, torch.randn(2, 4, 15))
+
+
+def test_the_same_bits_on_one_thread_and_on_two(kernels):
+    x, ids, w, w13, w2 = make_layer(64, 16, 4, 128, 64, seed=21, skew=True)  # streamed and GEMM experts
+    w13i, w2i = input_major_copy(w13), input_major_copy(w2)
+    threads = torch.get_num_threads()
+    try:
+        outs = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            with torch.inference_mode():
+                outs.append(moe_grouped_kernel(x, ids, w, w13i, w2i, kernels))
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(outs[0], outs[1])
+    torch.testing.assert_close(outs[0], moe_reference(x, ids, w, w13, w2), atol=1e-5, rtol=1e-5)
