@@ -216,7 +216,7 @@ class Qwen3MoeModel(nn.Module):
             moe.cpu_kernels = cpu_kernels
         return (f"q/k/v fused, {n} linear layer{'s' * (n != 1)} packed for oneDNN"
                 + (", experts stored input-major" if experts else "")
-                + (", experts through the CPU kernel" if cpu_kernels is not None and self.moe_layers() else ""))
+                + (", experts through the CPU kernel" if cpu_kernels is not None and experts else ""))
 
     def weight_bytes(self) -> tuple[int, int]:
         """(dense bytes, expert bytes) as stored."""
