@@ -231,7 +231,7 @@ def step_profile(model_dir: Path, batches: list[int], prompt_len: int, steps: in
         total = sum(times) / len(times) * 1e3
         e, a = spent["experts"] / len(times) * 1e3, spent["attention"] / len(times) * 1e3
         return {"step_ms": total, "experts_ms": e, "attention_ms": a, "rest_ms": total - e - a,
-                "tok_s": B / (total / 1e3), "decode_kernel": runner.decode_kernel is not None}
+                "tok_s": B / (total / 1e3), "cpu_kernels": runner.cpu_kernels is not None}
 
     q.SparseMoE.forward = timed(originals[q.SparseMoE], "experts")
     q.Attention.forward = timed(originals[q.Attention], "attention")

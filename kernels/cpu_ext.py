@@ -2,12 +2,16 @@
 
     paged_decode_attention(q_BHC, k_cache_SGC, v_cache_SGC, tables_BN, lens_B, block_size, scale)
         decode attention reading the paged KV cache in place (see kernels/cpu_attention.py)
+    attention_prologue(qkv_TN, q_norm_C, k_norm_C, eps, cos_TC, sin_TC, k_cache, v_cache, slots_T, H) -> q_THC
+        q/k RMSNorm, rotary embedding and the KV-cache write of one attention layer, one pass per token
     moe_experts(x_TD, ids_TK, weights_TK, w13t_EDN, w2t_EID) -> out_TD
         a MoE layer's routed experts, router output in, layer output out (see kernels/moe.py)
 
 Why kernels: a CPU decode step is bound by moving bytes, and the torch paths moved more than needed
 (pages gathered into a padded copy before attention; experts' few-row matmuls streaming their weights
-well below memory bandwidth, at two library calls per expert). Each file says how it does better.
+well below memory bandwidth, at two library calls per expert) or spent more on dispatching small ops
+than on their arithmetic (the ~25 between q/k/v projection and attention). Each file says how it does
+better.
 
 Built with torch's C++ extension tooling (a C++ compiler and ninja; flags for this CPU's vector
 extensions) into ~/.cache/composer/kernels/ (or $COMPOSER_KERNEL_CACHE), keyed by the sources, torch,
@@ -35,7 +39,8 @@ import torch
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / "bindings.cpp", CSRC / "paged_attention_cpu.cpp", CSRC / "moe_cpu.cpp"]
+SOURCES = [CSRC / "bindings.cpp", CSRC / "paged_attention_cpu.cpp", CSRC / "attention_prologue_cpu.cpp",
+           CSRC / "moe_cpu.cpp"]
 _ARCH_FLAGS = {"AVX2": ["-mavx2", "-mfma", "-mf16c"],
                "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma", "-mf16c"]}
 _lock = threading.Lock()

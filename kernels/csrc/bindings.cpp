@@ -7,11 +7,16 @@ namespace composer {
 at::Tensor paged_decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor tables,
                                   at::Tensor lens, int64_t block_size, double scale);
 at::Tensor moe_experts(at::Tensor x, at::Tensor ids, at::Tensor weights, at::Tensor w13t, at::Tensor w2t);
+at::Tensor attention_prologue(at::Tensor qkv, at::Tensor q_norm, at::Tensor k_norm, double eps, at::Tensor cos,
+                              at::Tensor sin, at::Tensor k_cache, at::Tensor v_cache, at::Tensor slots,
+                              int64_t num_heads);
 }  // namespace composer
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &composer::paged_decode_attention,
         "decode attention reading the paged KV cache in place (paged_attention_cpu.cpp)");
+  m.def("attention_prologue", &composer::attention_prologue,
+        "q/k RMSNorm, rotary embedding and the KV-cache write of one attention layer (attention_prologue_cpu.cpp)");
   m.def("moe_experts", &composer::moe_experts,
         "a MoE layer's routed experts, router output in, layer output out (moe_cpu.cpp)");
 }

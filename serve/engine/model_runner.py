@@ -27,7 +27,7 @@ class ModelRunner:
                    for _ in range(cfg.num_hidden_layers)]
         self._offsets = torch.arange(block_size)
         # kernels/cpu_ext.py's module (CPU, where built): decode attention then reads the pages in place
-        self.decode_kernel = cpu_kernels
+        self.cpu_kernels = cpu_kernels
         self._slot_cache: dict[int, tuple[list[int], torch.Tensor]] = {}
 
     @staticmethod
@@ -67,7 +67,7 @@ class ModelRunner:
             if n == 1 and start > 0:
                 decode_rows.append(row)
                 decode_lens.append(start + 1)
-                if self.decode_kernel is not None:
+                if self.cpu_kernels is not None:
                     decode_tables.append(seq.block_table)
                 else:
                     decode_slots.append(slots_L)
@@ -79,9 +79,9 @@ class ModelRunner:
         dev = self.device
         meta = AttnMeta(slot_mapping_T=torch.cat(slot_map).to(dev), prefill=prefill,
                         decode_rows_B=torch.tensor(decode_rows, dtype=torch.long, device=dev))
-        if self.decode_kernel is not None:
+        if self.cpu_kernels is not None:
             width = max((len(t) for t in decode_tables), default=0)
-            meta.decode_kernel, meta.block_size = self.decode_kernel, self.block_size
+            meta.cpu_kernels, meta.block_size = self.cpu_kernels, self.block_size
             meta.decode_tables_BN = torch.tensor([t + [0] * (width - len(t)) for t in decode_tables], dtype=torch.long)
             meta.decode_lens_B = torch.tensor(decode_lens, dtype=torch.long)
         else:

@@ -151,7 +151,7 @@ class NativeEngine(Engine):
                 f"{(dense + experts) / 2**20:.1f} MiB (experts {experts / 2**20:.1f} MiB), KV cache "
                 f"{self.kv_cache_bytes / 2**20:.1f} MiB ({len(self.blocks.blocks) * self.config.block_size} tokens)"
                 + (f"; {self.packing}" if self.packing else "")
-                + ("; decode attention: paged CPU kernel" if self.runner.decode_kernel is not None else "")
+                + ("; decode attention: paged CPU kernel" if self.runner.cpu_kernels is not None else "")
                 + ("; CPU kernels not built yet (torch paths; `python -m kernels.cpu_ext` builds them)"
                    if self.device.type == "cpu" and self.config.cpu_kernels and self.cpu_kernels is None else ""))
 

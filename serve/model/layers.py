@@ -105,7 +105,7 @@ class AttnMeta:
     decode_rows_B: torch.Tensor  # positions in x of the decode tokens
     decode_slots_BL: torch.Tensor | None = None  # padded cache slots of each decode sequence (torch path)
     decode_mask_B1L: torch.Tensor | None = None  # True where a decode query may attend (torch path)
-    decode_kernel: ModuleType | None = None  # kernels/cpu_ext.py's module: decode reads pages in place
+    cpu_kernels: ModuleType | None = None  # kernels/cpu_ext.py's module: decode reads pages in place, etc.
     decode_tables_BN: torch.Tensor | None = None  # padded block tables of the decode sequences (kernel)
     decode_lens_B: torch.Tensor | None = None  # tokens each decode sequence attends to (kernel)
     block_size: int = 0
@@ -122,8 +122,8 @@ def paged_attention(q_THC: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         B = meta.decode_rows_B.shape[0]
         only_decode = not meta.prefill and B == T  # every row decodes, in order: no gather or scatter of q
         q_BHC = q_THC if only_decode else q_THC.index_select(0, meta.decode_rows_B)
-        if meta.decode_kernel is not None:  # CPU: read each sequence's pages in place
-            o_BHC = meta.decode_kernel.paged_decode_attention(q_BHC, k_cache, v_cache, meta.decode_tables_BN,
+        if meta.cpu_kernels is not None:  # CPU: read each sequence's pages in place
+            o_BHC = meta.cpu_kernels.paged_decode_attention(q_BHC, k_cache, v_cache, meta.decode_tables_BN,
                                                               meta.decode_lens_B, meta.block_size,
                                                               q_BHC.shape[-1] ** -0.5)
         else:

@@ -56,6 +56,12 @@ class Attention(nn.Module):
 
     def forward(self, x_TD, cos_TC, sin_TC, k_cache, v_cache, meta: AttnMeta) -> torch.Tensor:
         T = x_TD.shape[0]
+        if self.qkv_proj is not None and meta.cpu_kernels is not None:  # CPU: norms, rope, cache write in C++
+            q_THC = meta.cpu_kernels.attention_prologue(
+                self.qkv_proj(x_TD), self.q_norm.weight.float(), self.k_norm.weight.float(), self.q_norm.eps,
+                cos_TC.contiguous(), sin_TC.contiguous(), k_cache, v_cache, meta.slot_mapping_T, self.h)
+            o_THC = paged_attention(q_THC, k_cache, v_cache, meta, self.g)
+            return self.o_proj(o_THC.reshape(T, self.h * self.c))
         if self.qkv_proj is not None:  # inference on a CPU: one matmul for q, k and v
             q_TN, k_TN, v_TN = self.qkv_proj(x_TD).split([self.h * self.c, self.g * self.c, self.g * self.c], dim=-1)
         else:

@@ -143,7 +143,7 @@ def test_cpu_kernels_give_the_same_tokens_and_logits(tiny_hermes, engine):
     assert "decode attention: paged CPU kernel" in engine.describe()
     assert "experts through the CPU kernel" in engine.describe()
     gathered = NativeEngine(str(tiny_hermes), EngineConfig(dtype="float32", kv_cache_tokens=8192, cpu_kernels=False))
-    assert gathered.runner.decode_kernel is None and "CPU kernel" not in gathered.describe()
+    assert gathered.runner.cpu_kernels is None and "CPU kernel" not in gathered.describe()
     ps = prompts(8, seed=15)
     assert generate_all(engine, ps, greedy(20)) == generate_all(gathered, ps, greedy(20))
     ids = prompts(1, seed=16, lo=70, hi=71)[0]
