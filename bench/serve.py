@@ -114,7 +114,7 @@ async def one_request(client: httpx.AsyncClient, base: str, prompt: list[int], t
 async def http_load(base: str, concurrency: int, tokens: int, prompt_len: int, seed: int) -> dict:
     prompts = prompts_for(concurrency, prompt_len, seed)
     async with httpx.AsyncClient(timeout=None) as client:
-        await one_request(client, base, prompts[0][:16], 2)  # warm-up
+        await one_request(client, base, [3] * 16, 2)  # warm-up (a prompt no run shares a prefix with)
         start = time.perf_counter()
         results = await asyncio.gather(*(one_request(client, base, p, tokens) for p in prompts))
         wall = time.perf_counter() - start
@@ -308,12 +308,15 @@ def measure_shape(shape: str, args) -> dict:
     try:
         for c in args.concurrency:
             for r in range(args.repeat):
+                # fresh prompts every run (the same for every contender): repeating a run's prompts would
+                # let the native server's prefix cache skip their prefill, which the static batch cannot
+                seed = 1000 * c + r
                 runs["native"][c].append(asyncio.run(http_load(servers["native"][1], c, args.tokens,
-                                                               args.prompt_len, seed=c)))
-                runs["static"][c].append(static.run(c, args.tokens, args.prompt_len, seed=c))
+                                                               args.prompt_len, seed=seed)))
+                runs["static"][c].append(static.run(c, args.tokens, args.prompt_len, seed=seed))
                 if c in args.hf_concurrency:
                     runs["hf"][c].append(asyncio.run(http_load(servers["hf"][1], c, args.tokens, args.prompt_len,
-                                                               seed=c)))
+                                                               seed=seed)))
                 n, s = runs["native"][c][-1], runs["static"][c][-1]
                 print(f"  c={c} run {r + 1}: native {n['tok_s']:.1f} tok/s, static {s['tok_s']:.1f} tok/s "
                       f"({n['tok_s'] / s['tok_s']:.2f}x)", flush=True)
