@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
+
+# Servers the tests start never compile our CPU kernels in the background (kernels/cpu_ext.py): a 30-60 s
+# build competing with timing-sensitive tests makes them flaky. tests/kernels builds them once, in the
+# open, and the engine tests that run after it load that build.
+os.environ.setdefault("COMPOSER_KERNEL_BUILD", "0")
 
 
 def _has_cuda() -> bool:

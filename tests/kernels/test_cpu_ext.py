@@ -17,6 +17,7 @@ def test_a_machine_without_the_build_runs_torch_and_builds_it_in_the_background(
     """What a first server start does: no build -> None (the torch paths) and one background build, which
     the next start then loads. A build of its own in an empty cache folder (~30-60 s)."""
     monkeypatch.setenv("COMPOSER_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setenv("COMPOSER_KERNEL_BUILD", "1")  # tests/conftest.py switches it off for everything else
     fresh = importlib.reload(cpu_ext)  # module state (the loaded kernels, the build process) reset
     try:
         assert fresh.load() is None
@@ -32,7 +33,7 @@ def test_a_machine_without_the_build_runs_torch_and_builds_it_in_the_background(
         torch.testing.assert_close(loaded.paged_decode_attention(q, k, v, tables, lens, 16, 32**-0.5),
                                    cpu_attention.reference(q, k, v, tables, lens, 16), atol=2e-6, rtol=1e-5)
     finally:
-        monkeypatch.delenv("COMPOSER_KERNEL_CACHE")
+        monkeypatch.undo()
         importlib.reload(cpu_ext)
 
 
@@ -45,5 +46,5 @@ def test_no_background_build_when_switched_off(tmp_path, monkeypatch):
         assert fresh._background is None
         assert not any(tmp_path.iterdir())
     finally:
-        monkeypatch.delenv("COMPOSER_KERNEL_CACHE")
+        monkeypatch.undo()
         importlib.reload(cpu_ext)
