@@ -158,7 +158,10 @@ def launch(
         "0",
         *extra_args,
     ]
-    env = {**os.environ, "COMPOSER_SERVE_STDIN_WATCHDOG": "1", "PYTHONUNBUFFERED": "1"}
+    # The built-in model is too small for the CPU kernels to matter: its server never starts their
+    # one-time build in the background (a minute of a core, during the user's first session).
+    env = {**os.environ, "COMPOSER_SERVE_STDIN_WATCHDOG": "1", "PYTHONUNBUFFERED": "1",
+           "COMPOSER_KERNEL_BUILD": os.environ.get("COMPOSER_KERNEL_BUILD", "0")}
     try:
         proc = subprocess.Popen(
             cmd,
