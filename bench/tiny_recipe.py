@@ -26,32 +26,38 @@ def load_run(d: Path) -> dict:
     return s
 
 
-def row(name: str, seed, stage: str, h: dict, easy: str) -> str:
+def row(name: str, seed, stage: str, h: dict, easy: str, t1: dict | None = None) -> str:
     tok = (h.get("tokens_per_solved") or {}).get(easy, "-")
     return (
-        f"| {name} | {seed} | {stage} | **{h['pass@1']}** | {h['malformed_per_episode']} | {tok} | "
-        f"{h['tool_calls_per_turn']} | {h['completion_tokens']} |"
+        f"| {name} | {seed} | {stage} | **{h['pass@1']}** | {t1['pass@1'] if t1 else '-'} | "
+        f"{h['malformed_per_episode']} | {tok} | {h['tool_calls_per_turn']} | {h['completion_tokens']} |"
     )
 
 
 def table(runs: list[dict], control: dict | None, easy: str) -> str:
     lines = [
-        "| run | seed | after | held-out pass@1 | malformed calls / episode | completion tokens / solved "
-        f"{easy} | tool calls / turn | completion tokens / episode |",
-        "|" + " --- |" * 8,
+        "| run | seed | after | held-out pass@1 (greedy) | held-out pass@1 (T=1) | malformed calls / episode "
+        f"| completion tokens / solved {easy} | tool calls / turn | completion tokens / episode |",
+        "|" + " --- |" * 9,
     ]
     for name, runs_ in (("RL", runs), ("control (advantages 0)", [control] if control else [])):
         for s in runs_:
             seed = s["recipe"]["seed"]
-            lines.append(row(name, seed, "SFT", s["sft"], easy))
+            lines.append(row(name, seed, "SFT", s["sft"], easy, s.get("sft_t1")))
             if "rl" in s:
-                lines.append(row(name, seed, "RL", s["rl"], easy))
+                lines.append(row(name, seed, "RL", s["rl"], easy, s.get("rl_t1")))
     rl = [s for s in runs if "rl" in s]
     if rl:
         mean = lambda xs: round(sum(xs) / len(xs), 3)  # noqa: E731
+        t1 = [s for s in rl if s.get("sft_t1") and s.get("rl_t1")]
+        t1_cell = (
+            f"{mean([s['sft_t1']['pass@1'] for s in t1])} → {mean([s['rl_t1']['pass@1'] for s in t1])}"
+            if t1
+            else ""
+        )
         lines.append(
             f"| RL, mean of {len(rl)} | | SFT → RL | **{mean([s['sft']['pass@1'] for s in rl])} → "
-            f"{mean([s['rl']['pass@1'] for s in rl])}** | | | | |"
+            f"{mean([s['rl']['pass@1'] for s in rl])}** | {t1_cell} | | | | |"
         )
     return "\n".join(lines)
 
@@ -111,7 +117,17 @@ def main(argv: list[str] | None = None) -> int:
     runs = [load_run(d) for d in args.runs]
     control = load_run(args.control) if args.control else None
     args.out.mkdir(parents=True, exist_ok=True)
-    keep = ("recipe", "params", "sft", "rl", "timings_s", "rl_curve", "expert_conversation_tokens_mean")
+    keep = (
+        "recipe",
+        "params",
+        "sft",
+        "rl",
+        "sft_t1",
+        "rl_t1",
+        "timings_s",
+        "rl_curve",
+        "expert_conversation_tokens_mean",
+    )
     (args.out / "tiny_recipe.json").write_text(
         json.dumps(
             {
