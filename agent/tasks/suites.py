@@ -2,7 +2,8 @@
 split uses a seed range training never draws from.
 
     synthetic          train split: every family x size, seeds 0..N-1
-    synthetic-heldout  held-out split: the same families and sizes, seeds from 1,000,000
+    synthetic-heldout  held-out split: the same families and sizes, seeds from 1,000,000, built from a
+                       pool of modules and functions the train split never contains (families/pool.py)
     synthetic-small    train split, small size only (quick checks)
 """
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from agent.tasks import Workspace
-from agent.tasks.families import MODULES, generate
+from agent.tasks.families import generate
+from agent.tasks.families.pool import MODULES
 
 
 @pytest.mark.parametrize("size", ["small", "medium"])

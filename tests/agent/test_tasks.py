@@ -10,7 +10,7 @@ import pytest
 
 from agent.tasks import Task, TaskError, Workspace, load_tasks
 from agent.tasks.eval import pass_at_k
-from agent.tasks.families import FAMILIES, SIZES, expert_plan, generate
+from agent.tasks.families import FAMILIES, RENAMED_BASE, SIZES, build, expert_plan, generate
 from agent.tasks.suites import HELDOUT_BASE, builtin
 
 
@@ -34,7 +34,7 @@ def apply_plan(task: Task, ws: Workspace) -> str:
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("size", list(SIZES))
 def test_verifiers_fail_untouched_pass_the_expert_and_fail_a_wrong_edit(family, size):
-    for seed in (0, HELDOUT_BASE):
+    for seed in (0, RENAMED_BASE + 1, HELDOUT_BASE):
         task = generate(family, seed, size)
         ws = Workspace.create(task)
         try:
@@ -66,6 +66,33 @@ def test_generation_is_deterministic_and_splits_do_not_overlap():
     train = {t.id for t in builtin("synthetic", 3)}
     heldout = builtin("synthetic-heldout", 3)
     assert all(t.split == "heldout" for t in heldout) and not train & {t.id for t in heldout}
+
+
+def test_heldout_tasks_share_no_module_or_function_with_training():
+    def names(tasks):
+        out = set()
+        for t in tasks:
+            out |= {t.meta["function"], t.meta.get("module", t.meta["function"])}
+        return out
+
+    train = [generate(f, base + s, size) for f in FAMILIES for size in SIZES for s in range(40)
+             for base in (0, RENAMED_BASE)]
+    heldout = [generate(f, HELDOUT_BASE + s, size) for f in FAMILIES for size in SIZES for s in range(40)]
+    assert not names(train) & names(heldout)
+    # and not hidden inside the repositories either: no held-out file or function name in a training repo
+    train_text = "".join(text for t in train for text in build(t.generator, t.seed, t.size).files.values())
+    for t in heldout:
+        assert t.meta["function"] + "(" not in train_text, t.id
+        assert t.meta.get("module", "pkg/report.py") == "pkg/report.py" or t.meta["module"] not in train_text, t.id
+
+
+def test_renamed_seeds_give_fresh_names_for_the_same_code():
+    a, b = build("find-def", RENAMED_BASE + 5, "medium"), build("find-def", RENAMED_BASE + 6, "medium")
+    plain = build("find-def", 5, "medium")
+    assert a.meta["function"] != b.meta["function"] and a.meta["module"] != b.meta["module"]
+    assert a.meta["function"] not in plain.files["pkg/report.py"]
+    # the same code under other names: the renamed repository's functions still pass their own tests
+    assert len(a.files) == len(plain.files) and a.meta == build("find-def", RENAMED_BASE + 5, "medium").meta
 
 
 def test_workspaces_are_isolated_and_cleaned(tmp_path):

@@ -8,7 +8,10 @@ verifier the agent never sees, and the plan a scripted expert follows to solve t
 - add-param add a parameter to a function and make its caller use it.
 
 Sizes: small (one module), medium (three), large (five); every repo has `pkg/report.py` calling
-every function and tests under `tests/`. The hidden checker `_hidden/check.py` (plain Python, no pytest)
+every function and tests under `tests/`. Seeds below RENAMED_BASE (100,000) draw their code from the
+training pool, seeds from RENAMED_BASE the training pool under fresh module and function names per seed,
+seeds from HELDOUT_BASE (1,000,000) on the held-out pool, whose modules and function names the training
+split never contains (pool.py). The hidden checker `_hidden/check.py` (plain Python, no pytest)
 re-runs every function's cases plus what the family demands. Everything is a function of (family,
 seed, size): `generate` gives the Task, `materialize` writes its files (hidden ones only for
 verification), `expert_plan` the turns of a correct solution.
@@ -24,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from agent.tasks.families import mutate
-from agent.tasks.families.pool import ADD_PARAM, MODULES, Fn, find
+from agent.tasks.families.pool import HELDOUT, TRAIN, Fn, Pool
 from agent.tasks.spec import Task
+from agent.tasks.suites import HELDOUT_BASE
 
 FAMILIES = ("bugfix", "find-def", "rename", "add-param")
 SIZES = {"small": 1, "medium": 3, "large": 5}
@@ -64,8 +68,20 @@ def expert_plan(task: Task) -> list[dict[str, Any]]:
 # -- the repository ------------------------------------------------------------------------------------
 
 
-def _modules(rng: random.Random, size: str, must: str | None = None) -> list[str]:
-    names = sorted(MODULES)
+RENAMED_BASE = 100_000
+
+
+def pool_for(seed: int) -> Pool:
+    """The code a seed's task is built from: seeds below RENAMED_BASE the training pool as it is, seeds
+    from RENAMED_BASE the training pool under fresh names per seed, seeds from HELDOUT_BASE the held-out
+    pool (no function or module shared with training)."""
+    if seed >= HELDOUT_BASE:
+        return HELDOUT
+    return TRAIN.renamed(seed) if seed >= RENAMED_BASE else TRAIN
+
+
+def _modules(pool: Pool, rng: random.Random, size: str, must: str | None = None) -> list[str]:
+    names = sorted(pool.modules)
     rng.shuffle(names)
     if must is not None:
         names.remove(must)
@@ -73,13 +89,13 @@ def _modules(rng: random.Random, size: str, must: str | None = None) -> list[str
     return names[: SIZES[size]]
 
 
-def _repo(modules: list[str], sources: dict[str, str] | None = None,
+def _repo(pool: Pool, modules: list[str], sources: dict[str, str] | None = None,
           report_calls: dict[str, str] | None = None) -> dict[str, str]:
     """Files of the repo: pkg modules (sources override), report.py, visible tests, README."""
     files = {"pkg/__init__.py": "", "README.md": f"# pkg\n\nSmall utilities: {', '.join(modules)}.\n"}
     report_imports, report_lines = [], []
     for m in modules:
-        fns = MODULES[m]
+        fns = pool.modules[m]
         files[f"pkg/{m}.py"] = (sources or {}).get(m) or "\n\n".join(fn.canonical for fn in fns) + "\n"
         tests = [f"from pkg.{m} import {', '.join(fn.name for fn in fns)}\n"]
         for fn in fns:
@@ -112,8 +128,8 @@ def _checker(cases: list[tuple[str, str, tuple, Any]], extra: str = "") -> dict[
         + extra + "print('\\n'.join(bad) or 'ok')\nsys.exit(1 if bad else 0)\n")}
 
 
-def _all_cases(modules: list[str], skip: set[str] = frozenset()) -> list[tuple[str, str, tuple, Any]]:
-    return [(m, fn.name, a, e) for m in modules for fn in MODULES[m] if fn.name not in skip for a, e in fn.cases]
+def _all_cases(pool: Pool, modules: list[str]) -> list[tuple[str, str, tuple, Any]]:
+    return [(m, fn.name, a, e) for m in modules for fn in pool.modules[m] for a, e in fn.cases]
 
 
 def _call(name: str, **args: Any) -> dict[str, Any]:
@@ -136,13 +152,14 @@ def build(family: str, seed: int, size: str) -> Generated:
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r} (known: {', '.join(SIZES)})")
     rng = random.Random(f"{family}:{size}:{seed}")
-    return {"bugfix": _bugfix, "find-def": _find_def, "rename": _rename, "add-param": _add_param}[family](rng, size)
+    make = {"bugfix": _bugfix, "find-def": _find_def, "rename": _rename, "add-param": _add_param}[family]
+    return make(pool_for(seed), rng, size)
 
 
-def _bugfix(rng: random.Random, size: str) -> Generated:
-    modules = _modules(rng, size)
+def _bugfix(pool: Pool, rng: random.Random, size: str) -> Generated:
+    modules = _modules(pool, rng, size)
     target_mod = modules[rng.randrange(len(modules))]
-    fns = MODULES[target_mod]
+    fns = pool.modules[target_mod]
     order = list(range(len(fns)))
     rng.shuffle(order)
     for i in order:
@@ -154,7 +171,7 @@ def _bugfix(rng: random.Random, size: str) -> Generated:
         raise RuntimeError(f"no breaking mutation in {target_mod}")
     kind, bad_source = bug
     module_src = "\n\n".join(bad_source if f is fn else f.canonical for f in fns) + "\n"
-    files = _repo(modules, {target_mod: module_src})
+    files = _repo(pool, modules, {target_mod: module_src})
     path = f"pkg/{target_mod}.py"
     old, new = mutate.edit_strings(module_src, fn.canonical, bad_source)
     prompt = rng.choice([f"tests/test_{target_mod}.py is failing, can you fix it?",
@@ -168,15 +185,15 @@ def _bugfix(rng: random.Random, size: str) -> Generated:
         {"tool_calls": [_call("shell", command=_test_cmd(target_mod))]},
         {"content": f"Fixed `{fn.name}` in {path}: the {kind.replace('_', ' ')} is corrected and the tests pass."},
     ]
-    return Generated(files, _checker(_all_cases(modules)), prompt, plan,
+    return Generated(files, _checker(_all_cases(pool, modules)), prompt, plan,
                      {"function": fn.name, "module": path, "mutation": kind}, expected_tokens=250)
 
 
-def _find_def(rng: random.Random, size: str) -> Generated:
-    modules = _modules(rng, size)
+def _find_def(pool: Pool, rng: random.Random, size: str) -> Generated:
+    modules = _modules(pool, rng, size)
     target_mod = modules[rng.randrange(len(modules))]
-    fn = rng.choice(MODULES[target_mod])
-    files = _repo(modules)
+    fn = rng.choice(pool.modules[target_mod])
+    files = _repo(pool, modules)
     path = f"pkg/{target_mod}.py"
     line = files[path].splitlines().index(next(ln for ln in files[path].splitlines()
                                                if ln.startswith(f"def {fn.name}("))) + 1
@@ -189,18 +206,18 @@ def _find_def(rng: random.Random, size: str) -> Generated:
              f"if others:\n    bad.append(f'the answer also names {{others}}')\n")
     plan = [{"tool_calls": [_call("grep", pattern=f"def {fn.name}\\(")]},
             {"content": f"`{fn.name}` is defined in {path}, line {line}."}]
-    return Generated(files, _checker(_all_cases(modules), extra), prompt, plan,
+    return Generated(files, _checker(_all_cases(pool, modules), extra), prompt, plan,
                      {"function": fn.name, "module": path, "line": line}, expected_tokens=60)
 
 
-def _rename(rng: random.Random, size: str) -> Generated:
-    modules = _modules(rng, size)
+def _rename(pool: Pool, rng: random.Random, size: str) -> Generated:
+    modules = _modules(pool, rng, size)
     target_mod = modules[rng.randrange(len(modules))]
-    fn = rng.choice(MODULES[target_mod])  # report.py calls it too: there are callers to update
+    fn = rng.choice(pool.modules[target_mod])  # report.py calls it too: there are callers to update
     new = rng.choice(["compute_", "calc_", "get_"]) + fn.name
-    files = _repo(modules)
+    files = _repo(pool, modules)
     users = sorted(p for p, text in files.items() if mutate.uses_name(text, fn.name))
-    cases = [(m, new if f == fn.name else f, a, e) for m, f, a, e in _all_cases(modules)]
+    cases = [(m, new if f == fn.name else f, a, e) for m, f, a, e in _all_cases(pool, modules)]
     extra = ("import pathlib, re\n"
              f"for p in list(pathlib.Path('pkg').rglob('*.py')) + list(pathlib.Path('tests').rglob('*.py')):\n"
              f"    if re.search(r'\\b{fn.name}\\b', p.read_text()):\n"
@@ -219,20 +236,20 @@ def _rename(rng: random.Random, size: str) -> Generated:
                      {"function": fn.name, "new_name": new, "files": users}, expected_tokens=200)
 
 
-def _add_param(rng: random.Random, size: str) -> Generated:
-    name, param, default, desc, new_source, extra_cases = ADD_PARAM[rng.randrange(len(ADD_PARAM))]
-    target_mod, fn = find(name)
-    modules = _modules(rng, size, must=target_mod)
+def _add_param(pool: Pool, rng: random.Random, size: str) -> Generated:
+    name, param, default, desc, new_source, extra_cases = pool.add_param[rng.randrange(len(pool.add_param))]
+    target_mod, fn = pool.find(name)
+    modules = _modules(pool, rng, size, must=target_mod)
     args, want = extra_cases[0]
     call_args = list(args)
     value = call_args.pop()
     positional = _args(tuple(call_args))
     new_call = f"{name}({positional}, {param}={value!r})"
-    files = _repo(modules)
+    files = _repo(pool, modules)
     path = f"pkg/{target_mod}.py"
     old_call = f"{name}({_args(fn.cases[0][0])})"
     new_canonical = Fn(name, new_source, ()).canonical
-    cases = [c for c in _all_cases(modules)] + [(target_mod, name, a, e) for a, e in extra_cases]
+    cases = _all_cases(pool, modules) + [(target_mod, name, a, e) for a, e in extra_cases]
     extra = (f"rep = importlib.import_module('pkg.report').summary()\n"
              f"if rep.get({name!r}) != {want!r}:\n"
              f"    bad.append('report.summary()[%r] = %r, expected %r' % ({name!r}, rep.get({name!r}), {want!r}))\n")

@@ -1,10 +1,21 @@
 """The code the synthetic families are built from: small, plain functions in themed modules, each with
 test cases (arguments -> expected result). Sources are kept in `ast.unparse` form so that a mutation
-changes exactly the mutated expression when the module is written back."""
+changes exactly the mutated expression when the module is written back.
+
+Two disjoint pools: `TRAIN` (MODULES, ADD_PARAM) builds every training task, `HELDOUT` (modules and
+function names that appear nowhere in TRAIN) builds every held-out task, so a model is evaluated on code
+it has never seen, not on new seeds of the repositories it was trained on. `TRAIN.renamed(seed)` is the
+training pool under fresh made-up module and function names drawn per seed: with 25 fixed names a small model can answer "where is X defined?" from memory; with a new name in
+every task it has to read the name in the question and the path in the tool's output.
+"""
 
 from __future__ import annotations
 
 import ast
+import builtins
+import keyword
+import random
+import re
 from dataclasses import dataclass
 
 
@@ -100,9 +111,128 @@ ADD_PARAM = [
 ]
 
 
-def find(name: str) -> tuple[str, Fn]:
-    for module, fns in MODULES.items():
-        for fn in fns:
-            if fn.name == name:
-                return module, fn
-    raise KeyError(name)
+HELDOUT_MODULES: dict[str, list[Fn]] = {
+    "vectors": [
+        _fn("dot", "def dot(ax, ay, bx, by):\n    return ax * bx + ay * by\n", ((1, 2, 3, 4), 11), ((0, 5, 2, 0), 0)),
+        _fn("norm_sq", "def norm_sq(x, y):\n    return x * x + y * y\n", ((3, 4), 25), ((1, 0), 1)),
+        _fn("midpoint", "def midpoint(x1, y1, x2, y2):\n    return ((x1 + x2) / 2, (y1 + y2) / 2)\n",
+            ((0, 0, 4, 2), (2.0, 1.0)), ((1, 1, 3, 5), (2.0, 3.0))),
+        _fn("cross_z", "def cross_z(ax, ay, bx, by):\n    return ax * by - ay * bx\n", ((1, 0, 0, 1), 1), ((2, 3, 4, 5), -2)),
+        _fn("translate", "def translate(x, y, dx, dy):\n    return (x + dx, y + dy)\n",
+            ((1, 2, 3, 4), (4, 6)), ((0, 0, -1, 1), (-1, 1))),
+    ],
+    "colors": [
+        _fn("clamp_channel", "def clamp_channel(value):\n    if value < 0:\n        return 0\n    if value > 255:\n"
+            "        return 255\n    return value\n", ((-5,), 0), ((300,), 255), ((128,), 128), ((255,), 255)),
+        _fn("mix", "def mix(a, b, weight):\n    return round(a * (1 - weight) + b * weight)\n",
+            ((0, 100, 0.25), 25), ((10, 20, 0.5), 15)),
+        _fn("gray", "def gray(red, green, blue):\n    return (red + green + blue) // 3\n", ((30, 60, 90), 60), ((1, 1, 2), 1)),
+        _fn("invert", "def invert(value):\n    return 255 - value\n", ((0,), 255), ((200,), 55)),
+        _fn("to_hex", "def to_hex(red, green, blue):\n    return '#%02x%02x%02x' % (red, green, blue)\n",
+            ((255, 128, 0), "#ff8000"), ((0, 0, 0), "#000000")),
+    ],
+    "units": [
+        _fn("km_to_miles", "def km_to_miles(km):\n    return round(km * 0.621371, 3)\n", ((10,), 6.214), ((0,), 0.0)),
+        _fn("celsius_to_f", "def celsius_to_f(c):\n    return c * 9 / 5 + 32\n", ((100,), 212.0), ((0,), 32.0)),
+        _fn("inches", "def inches(feet, extra):\n    return feet * 12 + extra\n", ((2, 3), 27), ((0, 5), 5)),
+        _fn("kg_to_pounds", "def kg_to_pounds(kg):\n    return round(kg * 2.20462, 2)\n", ((1,), 2.2), ((10,), 22.05)),
+        _fn("liters", "def liters(milliliters):\n    return milliliters / 1000\n", ((1500,), 1.5), ((250,), 0.25)),
+    ],
+    "grades": [
+        _fn("letter", "def letter(score):\n    if score >= 90:\n        return 'A'\n    if score >= 80:\n        return 'B'\n"
+            "    if score >= 70:\n        return 'C'\n    return 'F'\n",
+            ((95,), "A"), ((90,), "A"), ((85,), "B"), ((80,), "B"), ((72,), "C"), ((70,), "C"), ((10,), "F")),
+        _fn("average_score", "def average_score(scores):\n    return round(sum(scores) / len(scores), 1)\n",
+            (([90, 80, 70],), 80.0), (([1, 2],), 1.5)),
+        _fn("passed_count", "def passed_count(scores, cutoff):\n    return len([s for s in scores if s >= cutoff])\n",
+            (([50, 60, 70], 60), 2), (([], 10), 0)),
+        _fn("curve", "def curve(score, bonus):\n    return min(100, score + bonus)\n", ((95, 10), 100), ((50, 5), 55)),
+        _fn("best_of", "def best_of(scores):\n    return max(scores) if scores else 0\n", (([3, 9, 4],), 9), (([],), 0)),
+    ],
+    "inventory": [
+        _fn("restock", "def restock(count, amount):\n    return count + amount\n", ((5, 10), 15), ((0, 0), 0)),
+        _fn("total_value", "def total_value(count, price):\n    return round(count * price, 2)\n",
+            ((3, 1.5), 4.5), ((0, 9.99), 0.0)),
+        _fn("low_stock", "def low_stock(count, minimum):\n    return count < minimum\n",
+            ((2, 5), True), ((5, 5), False), ((9, 5), False)),
+        _fn("boxes_needed", "def boxes_needed(items, per_box):\n    return (items + per_box - 1) // per_box\n",
+            ((10, 4), 3), ((8, 4), 2), ((0, 4), 0)),
+        _fn("remaining", "def remaining(count, sold):\n    return max(0, count - sold)\n", ((10, 3), 7), ((2, 5), 0)),
+    ],
+}
+
+HELDOUT_ADD_PARAM = [
+    ("km_to_miles", "digits", 3, "an optional `digits` argument (default 3) for the rounding",
+     "def km_to_miles(km, digits=3):\n    return round(km * 0.621371, digits)\n",
+     (((10, 1), 6.2), ((5,), 3.107))),
+    ("curve", "cap", 100, "an optional `cap` argument (default 100), the highest score it returns",
+     "def curve(score, bonus, cap=100):\n    return min(cap, score + bonus)\n",
+     (((95, 10, 99), 99), ((50, 5), 55))),
+    ("invert", "top", 255, "an optional `top` argument (default 255), the channel's maximum",
+     "def invert(value, top=255):\n    return top - value\n",
+     (((10, 100), 90), ((0,), 255))),
+]
+
+
+@dataclass(frozen=True)
+class Pool:
+    name: str
+    modules: dict
+    add_param: list
+
+    def find(self, name: str) -> tuple[str, Fn]:
+        for module, fns in self.modules.items():
+            for fn in fns:
+                if fn.name == name:
+                    return module, fn
+        raise KeyError(name)
+
+
+    def renamed(self, seed: int) -> Pool:
+        """This pool with every module and function under a fresh made-up name (a function of `seed`)."""
+        rng = random.Random(f"names:{seed}")
+        code = " ".join(fn.source for f in self.modules.values() for fn in f)
+        taken: set[str] = set()
+        names = {fn.name: _fresh(rng, taken, code, words=rng.choice((1, 2, 2))) for f in self.modules.values() for fn in f}
+        mods = {m: _fresh(rng, taken, code, words=1) for m in self.modules}
+
+        def sub(text: str) -> str:
+            return re.sub(r"\b(" + "|".join(map(re.escape, names)) + r")\b", lambda m: names[m.group(1)], text)
+
+        modules = {mods[m]: [Fn(names[fn.name], sub(fn.source), fn.cases) for fn in f] for m, f in self.modules.items()}
+        add_param = [(names[n], p, d, desc, sub(src), cases) for n, p, d, desc, src, cases in self.add_param]
+        return Pool(f"{self.name}-renamed-{seed}", modules, add_param)
+
+
+# Made-up names: words of 1-3 random syllables, so that over many seeds the names cover much of the
+# tokenizer's vocabulary and a model cannot answer from a list it has memorised. Rejected: Python
+# keywords and builtins, words of the pool's code, any held-out pool name inside (tests check that), and
+# module names starting with "r" (pkg/report.py sorts apart from the modules in the tests).
+_CONSONANTS, _VOWELS = "bcdfghjklmnpqstvwxyz", "aeiouy"
+_ONSETS = tuple(_CONSONANTS) + ("bl", "br", "ch", "cl", "cr", "dr", "fl", "gr", "kn", "ph", "pl", "pr", "sc", "sh",
+                                "sk", "sl", "sm", "sn", "sp", "st", "sw", "th", "tr", "wh")
+_CODAS = ("", "", "", "b", "d", "g", "k", "l", "m", "n", "p", "s", "t", "x", "ck", "ft", "lt", "mp", "nd", "ng",
+          "nk", "nt", "rk", "rt", "sk", "st")
+
+
+def _syllable(rng: random.Random) -> str:
+    return rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS)
+
+
+def _fresh(rng: random.Random, taken: set[str], code: str, words: int) -> str:
+    while True:
+        name = "_".join(
+            "".join(_syllable(rng) for _ in range(rng.choice((1, 2, 2, 3))))
+            for _ in range(words)
+        )
+        if (name in taken or keyword.iskeyword(name) or hasattr(builtins, name) or name.startswith("r")
+                or re.search(rf"\b{name}\b", code) or any(h in name for h in _HELDOUT_NAMES)):
+            continue
+        taken.add(name)
+        return name
+
+
+_HELDOUT_NAMES = tuple(HELDOUT_MODULES) + tuple(fn.name for f in HELDOUT_MODULES.values() for fn in f)
+TRAIN = Pool("train", MODULES, ADD_PARAM)
+HELDOUT = Pool("heldout", HELDOUT_MODULES, HELDOUT_ADD_PARAM)
+
