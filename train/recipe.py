@@ -48,7 +48,10 @@ class TinyRecipe:
     """Initialisation, data order, RL task order."""
     families: tuple[str, ...] = ("bugfix", "find-def", "rename", "add-param")
     train_seeds: int = 40
-    """Synthetic seeds 0..N-1 of each family and size make the training split."""
+    """Synthetic seeds BASE..BASE+N-1 of each family and size make the training split."""
+    train_seed_base: int = 0
+    """BASE: 0 trains on the training pool's own 25 function names; 100,000 (families.RENAMED_BASE) on
+    the same code under fresh names per seed, so that answers cannot come from memorised names."""
     sizes: tuple[str, ...] = ("small", "medium")
     tokenizer_seeds: int = 6
     """Seeds whose expert conversations the tokenizer is trained on."""
@@ -146,7 +149,7 @@ def train_tasks(r: TinyRecipe, seeds: int | None = None, sizes: tuple[str, ...] 
 
     return [
         generate(f, s, size, "train")
-        for s in range(seeds if seeds is not None else r.train_seeds)
+        for s in range(r.train_seed_base, r.train_seed_base + (seeds if seeds is not None else r.train_seeds))
         for f in r.families
         for size in (sizes or r.sizes)
     ]
@@ -470,6 +473,8 @@ def run(r: TinyRecipe, out: str | Path, data: str | Path | None = None) -> dict[
     data_key = {
         k: getattr(r, k) for k in ("families", "train_seeds", "sizes", "tokenizer_seeds", "vocab_size")
     }
+    if r.train_seed_base:  # (absent when 0: data folders made before the option stay valid)
+        data_key["train_seed_base"] = r.train_seed_base
     if r.init:  # the expert data is tokenized with the init checkpoint's tokenizer
         data_key["init"] = str(Path(r.init).resolve())
     key_file = data / "data.json"

@@ -26,11 +26,31 @@ def test_splits_are_disjoint_and_the_control_zeroes_every_reward():
         "heldout"
     }
     assert not {t.seed for t in train_tasks(r)} & {t.seed for t in heldout_tasks(r)}
+    # held-out tasks ask about functions no training task mentions, with fixed or made-up names
+    for base in (0, 100_000):
+        train = train_tasks(TinyRecipe(train_seeds=3, train_seed_base=base))
+        assert [t.seed for t in train[:: len(train) // 3]] == [base, base + 1, base + 2]
+        assert not {t.meta["function"] for t in train} & {t.meta["function"] for t in heldout_tasks(r)}
     zero = reward_config(TinyRecipe(control="zero"))
     assert (zero.pass_weight, zero.length_coef, zero.malformed_per_call, zero.parallel_coef) == (0, 0, 0, 0)
     assert reward_config(TinyRecipe()).pass_weight == 1.0
     with pytest.raises(ValueError, match="control"):
         reward_config(TinyRecipe(control="shuffle"))
+
+
+def test_recipe_flags_set_the_model_shape():
+    from train.cli import build_parser
+    from train.recipe import recipe_from_args
+
+    args = build_parser().parse_args(
+        "recipe tiny --out x --hidden-size 128 --layers 4 --heads 8 --kv-heads 4 --moe-intermediate 128"
+        " --families bugfix,find-def --sizes small".split()
+    )
+    r = recipe_from_args(args)
+    spec = r.model_spec()
+    assert (spec["hidden_size"], spec["num_hidden_layers"]) == (128, 4)
+    assert (spec["num_attention_heads"], spec["num_key_value_heads"], spec["moe_intermediate_size"]) == (8, 4, 128)
+    assert r.families == ("bugfix", "find-def") and r.sizes == ("small",)
 
 
 @pytest.mark.slow
