@@ -36,7 +36,7 @@ SERVE_MODULES = ("torch", "transformers", "safetensors", "tokenizers", "fastapi"
 READY = re.compile(r"serving .* at (http://\S+/v1)")
 NOTICE = (
     f"composer-agent: no model server configured, so using the small built-in model ({BUILTIN_NAME}, "
-    "CPU; it knows only small synthetic tasks such as finding a definition); point it at a real one with "
+    "CPU; it knows only small synthetic tasks: fixing an injected bug, finding a definition); point it at a real one with "
     "--base-url URL, "
     "COMPOSER_BASE_URL or base_url in .composer/config.toml"
 )
