@@ -3,7 +3,7 @@ trained on ("seen code": the training pool's own names, seeds 50,000+ that no re
 code under fresh names ("renamed": seeds 900,000+) and on the held-out pool ("unseen code": modules and
 function names that appear nowhere in training, seeds 1,000,000+).
 
-    python bench/tiny_heldout.py NAME=MODEL_DIR... [--families find-def] [--seeds 150] [--kinds seen,renamed,unseen] [--out bench/tiny]
+    python bench/tiny_heldout.py NAME=MODEL_DIR... [--families find-def] [--seeds 150] [--kinds seen,renamed,unseen] [--temperature 0] [--out bench/tiny]
 
 Each model is served by composer-serve (one server, weights switched between models) and run through
 the eval runner, as the recipe's own held-out eval does. Writes heldout.json and a plot next to it.
@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", default="small")
     ap.add_argument("--max-turns", type=int, default=4)
     ap.add_argument("--max-output-tokens", type=int, default=96)
+    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); 1: the policy RL samples")
     ap.add_argument("--out", default="bench/tiny")
     args = ap.parse_args(argv)
 
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             for kind in args.kinds.split(","):
                 report = evaluate(served.serve(model_dir), tasks(families, kind, args.seeds, args.size),
-                                  work / f"{name}-{kind}", r)
+                                  work / f"{name}-{kind}", r, temperature=args.temperature)
                 results[name][kind] = headline(report)
                 print(f"{name:>16} {kind:>6} code: pass@1 {results[name][kind]['pass@1']} "
                       f"(by family: {results[name][kind]['families']})", flush=True)
@@ -67,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             served.stop()
     print(f"episodes: {work}")
     summary = {"families": families, "seeds": args.seeds, "size": args.size, "bases": BASES,
+               "temperature": args.temperature,
                "results": results}
     (out / "heldout.json").write_text(json.dumps(summary, indent=2))
     print("\n| model | seen code, new seeds | seen code, fresh names | unseen code (held-out pool) |")
@@ -74,11 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     for name, res in results.items():
         cells = [str(res[k]["pass@1"]) if k in res else "-" for k in BASES]
         print(f"| {name} | {' | '.join(cells)} |")
-    _plot(results, out / "heldout.png", families)
+    _plot(results, out / "heldout.png", families, args.temperature)
     return 0
 
 
-def _plot(results: dict, path: Path, families: list[str]) -> None:
+def _plot(results: dict, path: Path, families: list[str], temperature: float) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -92,7 +94,7 @@ def _plot(results: dict, path: Path, families: list[str]) -> None:
         ax.bar([x + 0.27 * (i - 1) for x in xs], [results[n].get(kind, {}).get("pass@1") or 0 for n in names], 0.27, label=label)
     ax.set_xticks(list(xs), names, rotation=20)
     ax.set_ylim(0, 1)
-    ax.set_ylabel("greedy pass@1")
+    ax.set_ylabel("greedy pass@1" if temperature == 0 else f"pass@1 at T={temperature:g}")
     ax.set_title(f"composer-tiny held-out ({', '.join(families)})")
     ax.legend()
     fig.tight_layout()
