@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="tiny-heldout-"))
+    suites = {kind: tasks(families, kind, args.seeds, args.size) for kind in args.kinds.split(",")}
     results: dict[str, dict] = {}
     for spec in args.models:
         name, _, model = spec.partition("=")
@@ -58,9 +59,9 @@ def main(argv: list[str] | None = None) -> int:
         # a server per model: weights can only be switched to a newer policy version
         served = Served(work / f"{name}-server.log")
         try:
-            for kind in args.kinds.split(","):
-                report = evaluate(served.serve(model_dir), tasks(families, kind, args.seeds, args.size),
-                                  work / f"{name}-{kind}", r, temperature=args.temperature)
+            for kind, suite in suites.items():
+                report = evaluate(served.serve(model_dir), suite, work / f"{name}-{kind}", r,
+                                  temperature=args.temperature)
                 results[name][kind] = headline(report)
                 print(f"{name:>16} {kind:>6} code: pass@1 {results[name][kind]['pass@1']} "
                       f"(by family: {results[name][kind]['families']})", flush=True)
@@ -68,8 +69,7 @@ def main(argv: list[str] | None = None) -> int:
             served.stop()
     print(f"episodes: {work}")
     summary = {"families": families, "seeds": args.seeds, "size": args.size, "bases": BASES,
-               "temperature": args.temperature,
-               "results": results}
+               "temperature": args.temperature, "results": results}
     (out / "heldout.json").write_text(json.dumps(summary, indent=2))
     print("\n| model | seen code, new seeds | seen code, fresh names | unseen code (held-out pool) |")
     print("| --- | --- | --- | --- |")

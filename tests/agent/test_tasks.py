@@ -91,7 +91,7 @@ def test_renamed_seeds_give_fresh_names_for_the_same_code():
     plain = build("find-def", 5, "medium")
     assert a.meta["function"] != b.meta["function"] and a.meta["module"] != b.meta["module"]
     assert a.meta["function"] not in plain.files["pkg/report.py"]
-    # the same code under other names: the renamed repository's functions still pass their own tests
+    # the same repository layout, and the names are a function of the seed (the verifier test runs a renamed seed)
     assert len(a.files) == len(plain.files) and a.meta == build("find-def", RENAMED_BASE + 5, "medium").meta
 
 

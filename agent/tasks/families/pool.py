@@ -5,8 +5,9 @@ changes exactly the mutated expression when the module is written back.
 Two disjoint pools: `TRAIN` (MODULES, ADD_PARAM) builds every training task, `HELDOUT` (modules and
 function names that appear nowhere in TRAIN) builds every held-out task, so a model is evaluated on code
 it has never seen, not on new seeds of the repositories it was trained on. `TRAIN.renamed(seed)` is the
-training pool under fresh made-up module and function names drawn per seed: with 25 fixed names a small model can answer "where is X defined?" from memory; with a new name in
-every task it has to read the name in the question and the path in the tool's output.
+training pool under fresh made-up module and function names drawn per seed: with 25 fixed names a small
+model can answer "where is X defined?" from memory; with a new name in every task it has to read the
+name in the question and the path in the tool's output.
 """
 
 from __future__ import annotations
@@ -177,8 +178,8 @@ HELDOUT_ADD_PARAM = [
 @dataclass(frozen=True)
 class Pool:
     name: str
-    modules: dict
-    add_param: list
+    modules: dict[str, list[Fn]]
+    add_param: list[tuple]
 
     def find(self, name: str) -> tuple[str, Fn]:
         for module, fns in self.modules.items():
@@ -186,7 +187,6 @@ class Pool:
                 if fn.name == name:
                     return module, fn
         raise KeyError(name)
-
 
     def renamed(self, seed: int) -> Pool:
         """This pool with every module and function under a fresh made-up name (a function of `seed`)."""
