@@ -3,7 +3,7 @@ trained on ("seen code": the training pool's own names, seeds 50,000+ that no re
 code under fresh names ("renamed": seeds 900,000+) and on the held-out pool ("unseen code": modules and
 function names that appear nowhere in training, seeds 1,000,000+).
 
-    python bench/tiny_heldout.py NAME=MODEL_DIR... [--families find-def] [--seeds 150] [--kinds seen,renamed,unseen] [--temperature 0] [--out bench/tiny]
+    python bench/tiny_heldout.py NAME=MODEL_DIR... [--families find-def] [--seeds 150] [--kinds seen,renamed,unseen] [--temperature 0] [--dtype float64] [--out bench/tiny]
 
 Each model is served by composer-serve (one server, weights switched between models) and run through
 the eval runner, as the recipe's own held-out eval does. Writes heldout.json and a plot next to it.
@@ -39,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-turns", type=int, default=4)
     ap.add_argument("--max-output-tokens", type=int, default=96)
     ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); 1: the policy RL samples")
+    ap.add_argument("--dtype", default="float64", choices=["float32", "float64"],
+                    help="float64 (default): as the built-in model is served, the same greedy choices on every CPU")
     ap.add_argument("--out", default="bench/tiny")
     args = ap.parse_args(argv)
 
@@ -57,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         model_dir = Path(model)
         results[name] = {"model": str(model_dir)}
         # a server per model: weights can only be switched to a newer policy version
-        served = Served(work / f"{name}-server.log")
+        served = Served(work / f"{name}-server.log", dtype=args.dtype)
         try:
             for kind, suite in suites.items():
                 report = evaluate(served.serve(model_dir), suite, work / f"{name}-{kind}", r,
@@ -69,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             served.stop()
     print(f"episodes: {work}")
     summary = {"families": families, "seeds": args.seeds, "size": args.size, "bases": BASES,
-               "temperature": args.temperature, "results": results}
+               "temperature": args.temperature, "dtype": args.dtype, "results": results}
     (out / "heldout.json").write_text(json.dumps(summary, indent=2))
     print("\n| model | seen code, new seeds | seen code, fresh names | unseen code (held-out pool) |")
     print("| --- | --- | --- | --- |")

@@ -6,7 +6,7 @@ Per token t and slot k, with e = topk_ids[t, k] and I the expert's intermediate 
     h       = silu(gate_up[:I]) * gate_up[I:]     # SwiGLU
     out[t] += topk_weights[t, k] * (w2[e] @ h)    # w2 = down_proj [E, D, I]
 Matmuls run in x's dtype (bf16 in serving, as a bf16 model would); the weighted sum over the K slots is
-accumulated in float32 and rounded once to x's dtype.
+accumulated in float32 (float64 for float64 x) and rounded once to x's dtype.
 
 `moe_reference` groups pairs by expert and loops over the experts that got any (what HF transformers
 does; the bf16 baseline for the benchmark). `moe_reference_dense` runs every expert on every token and
@@ -40,6 +40,11 @@ def _expert(w: torch.Tensor | MXFP8Tensor, e: int, dtype: torch.dtype) -> torch.
     return w[e].to(dtype)
 
 
+def _acc(dtype: torch.dtype) -> torch.dtype:
+    """The sum's dtype: float32, or x's where wider (float64 serving)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def moe_reference(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor,
                   w13, w2, act_mxfp8: bool = False) -> torch.Tensor:
     """Grouped reference; differentiable in x, topk_weights and (dense) w13/w2."""
@@ -47,10 +52,11 @@ def moe_reference(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK
     K = topk_ids_TK.shape[1]
     inter = w2.shape[2]
     expert_P = topk_ids_TK.reshape(-1)
-    weight_P = topk_weights_TK.reshape(-1).to(torch.float32)
+    acc = _acc(x_TD.dtype)
+    weight_P = topk_weights_TK.reshape(-1).to(acc)
     order = torch.argsort(expert_P, stable=True)
     experts, counts = torch.unique_consecutive(expert_P[order], return_counts=True)
-    out_TD = torch.zeros(T, D, dtype=torch.float32, device=x_TD.device)
+    out_TD = torch.zeros(T, D, dtype=acc, device=x_TD.device)
     for e, pairs in zip(experts.tolist(), torch.split(order, counts.tolist()), strict=True):
         tokens = pairs // K
         x_ND = x_TD[tokens]
@@ -61,7 +67,7 @@ def moe_reference(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK
         if act_mxfp8:
             h_NI = _fake_mxfp8(h_NI)
         y_ND = h_NI @ _expert(w2, e, x_TD.dtype).T
-        out_TD = out_TD.index_add(0, tokens, y_ND.to(torch.float32) * weight_P[pairs, None])
+        out_TD = out_TD.index_add(0, tokens, y_ND.to(acc) * weight_P[pairs, None])
     return out_TD.to(x_TD.dtype)
 
 
@@ -78,8 +84,9 @@ def moe_all_experts(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_
     then also sums over experts; about twice as fast at decode sizes."""
     T, D = x_TD.shape
     E, inter = w13.shape[0], w2.shape[2]
-    gate_TE = torch.zeros(T, E, dtype=torch.float32, device=x_TD.device)
-    gate_TE.scatter_add_(1, topk_ids_TK.long(), topk_weights_TK.to(torch.float32))
+    acc = _acc(x_TD.dtype)
+    gate_TE = torch.zeros(T, E, dtype=acc, device=x_TD.device)
+    gate_TE.scatter_add_(1, topk_ids_TK.long(), topk_weights_TK.to(acc))
     if packed is not None:
         from kernels.cpu_pack import packed_linear
 
@@ -89,7 +96,7 @@ def moe_all_experts(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_
     gate_up_TEN = (x_TD @ w13.reshape(E * 2 * inter, D).T).view(T, E, 2 * inter)
     h_TEI = F.silu(gate_up_TEN[..., :inter]) * gate_up_TEN[..., inter:]
     y_ETD = torch.bmm(h_TEI.transpose(0, 1), w2.transpose(1, 2))
-    out_TD = torch.einsum("te,etd->td", gate_TE, y_ETD.to(torch.float32))
+    out_TD = torch.einsum("te,etd->td", gate_TE, y_ETD.to(acc))
     return out_TD.to(x_TD.dtype)
 
 
@@ -130,9 +137,10 @@ def moe_grouped_cpu(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_
         if n:
             torch.mm(h_PI[start : start + n], w2[e].T, out=y_PD[start : start + n])
             start += n
-    weight_P1 = topk_weights_TK.reshape(-1).to(torch.float32).index_select(0, order_P)[:, None]
-    y_PD = y_PD.to(torch.float32).mul_(weight_P1) if y_PD.dtype != torch.float32 else y_PD.mul_(weight_P1)
-    out_TD = torch.zeros(T, D, dtype=torch.float32, device=x_TD.device).index_add_(0, tokens_P, y_PD)
+    acc = _acc(x_TD.dtype)
+    weight_P1 = topk_weights_TK.reshape(-1).to(acc).index_select(0, order_P)[:, None]
+    y_PD = y_PD.to(acc).mul_(weight_P1) if y_PD.dtype != acc else y_PD.mul_(weight_P1)
+    out_TD = torch.zeros(T, D, dtype=acc, device=x_TD.device).index_add_(0, tokens_P, y_PD)
     return out_TD.to(x_TD.dtype)
 
 

@@ -31,8 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", choices=["native", "hf", "vllm"], default="native",
                    help="native: our MoE engine (default); hf: transformers reference, one request at a time; "
                         "vllm: launch vLLM (GPU boxes) and proxy to it")
-    p.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="auto",
-                   help="weights and activations (auto: bfloat16 on GPU, float32 on CPU)")
+    p.add_argument("--dtype", choices=["auto", "bfloat16", "float32", "float64"], default="auto",
+                   help="weights and activations (auto: bfloat16 on GPU, float32 on CPU; float64: greedy "
+                        "output the same on every CPU, for small models such as the built-in one)")
     p.add_argument("--quant", choices=["auto", "none", "mxfp8"], default="auto",
                    help="expert weights (auto: mxfp8 on GPU, none on CPU; checkpoints stored in MXFP8 load as is)")
     p.add_argument("--served-model-name", help="name clients use (default: --model as given)")
@@ -79,6 +80,8 @@ def _main(argv: list[str] | None = None) -> int:
     if args.model is None:
         args.model = os.environ.get("COMPOSER_BUILTIN_MODEL") or str(BUILTIN_DIR)
         args.served_model_name = args.served_model_name or BUILTIN_NAME
+        if args.dtype == "auto":  # as composer-agent serves it: the same greedy answers on every CPU
+            args.dtype = "float64"
         if not (Path(args.model) / "config.json").is_file():
             print(f"composer-serve: error: the built-in model is not installed at {args.model}; "
                   "give --model PATH", file=sys.stderr)

@@ -90,6 +90,9 @@ class TinyRecipe:
     skip_rl: bool = False
     init: str | None = None
     """Start from this checkpoint (same tokenizer) instead of a random model."""
+    vary_environment: bool = True
+    """Record the expert data (and the tokenizer's corpus) in varied folders, git states and dates
+    (agent/tasks/variation.py), so the model does not tie its answers to one workspace path or day."""
 
     @classmethod
     def smoke(cls, **kw: Any) -> TinyRecipe:
@@ -375,15 +378,16 @@ class Served:
     """One composer-serve for the whole recipe (starting one costs ~10 s): launched on the first model,
     then switched with /v1/load_weights (RL samples from it too)."""
 
-    def __init__(self, log_path: Path):
-        self.log_path, self.server, self.current = log_path, None, None
+    def __init__(self, log_path: Path, dtype: str = "float32"):
+        # float32: what the trainer computes in; bench/tiny_heldout.py serves float64, as the built-in model is
+        self.log_path, self.dtype, self.server, self.current = log_path, dtype, None, None
 
     def serve(self, model_dir: Path):
         from train.checkpoint import read_policy
         from train.server import launch
 
         if self.server is None:
-            self.server = launch(model_dir, "--dtype", "float32", name="policy", log_path=self.log_path)
+            self.server = launch(model_dir, "--dtype", self.dtype, name="policy", log_path=self.log_path)
         elif model_dir != self.current:
             self.server.load_weights(model_dir, int(read_policy(model_dir).get("policy_version", 0)))
         self.current = model_dir
@@ -475,6 +479,8 @@ def run(r: TinyRecipe, out: str | Path, data: str | Path | None = None) -> dict[
     }
     if r.train_seed_base:  # (absent when 0: data folders made before the option stay valid)
         data_key["train_seed_base"] = r.train_seed_base
+    if r.vary_environment:  # (absent when off: data folders made before the option stay valid without it)
+        data_key["vary_environment"] = True
     if r.init:  # the expert data is tokenized with the init checkpoint's tokenizer
         data_key["init"] = str(Path(r.init).resolve())
     key_file = data / "data.json"
@@ -497,7 +503,7 @@ def run(r: TinyRecipe, out: str | Path, data: str | Path | None = None) -> dict[
             return
         prov = provisional_tokenizer(data / "provisional-tokenizer")
         tasks = train_tasks(r, seeds=min(r.tokenizer_seeds, r.train_seeds))
-        record(prov, tasks, data / "tokenizer-corpus", r.concurrency)
+        record(prov, tasks, data / "tokenizer-corpus", r.concurrency, r.vary_environment)
         texts = conversation_texts(data / "tokenizer-corpus" / "sessions", ChatFormat(prov))
         _save_tokenizer(train_bpe(texts, r.vocab_size), tok_dir.with_name("tokenizer.tmp"))
         os.replace(tok_dir.with_name("tokenizer.tmp"), tok_dir)
@@ -513,7 +519,7 @@ def run(r: TinyRecipe, out: str | Path, data: str | Path | None = None) -> dict[
         # The expert finds its plan by the task's prompt, and tasks of different seeds can share one
         # ("test_clamp fails. please fix"): record them in parts whose prompts are distinct.
         for i, part in enumerate(distinct_prompt_parts(train_tasks(r))):
-            report = record(tok_dir, part, tmp / f"part-{i}", r.concurrency)
+            report = record(tok_dir, part, tmp / f"part-{i}", r.concurrency, r.vary_environment)
             passed += round(report["overall"].get("pass@1", 0) * len(part))
             total += len(part)
         if passed < total:

@@ -53,7 +53,8 @@ def resolve_dtype(dtype: str, device: str):
 
     if dtype == "auto":
         return torch.bfloat16 if device.startswith("cuda") else torch.float32
-    return {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}[dtype]
+    return {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16,
+            "float64": torch.float64}[dtype]
 
 
 class HFEngine(Engine):

@@ -20,6 +20,11 @@ from torch import nn
 from serve.model.config import ModelConfig
 
 
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What norms, rope and sums run in: float32, or the input's dtype where wider (float64 serving)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float):
         super().__init__()
@@ -28,7 +33,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
-        x32 = x.to(torch.float32)
+        x32 = x.to(acc_dtype(dtype))
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(dtype)
 
@@ -77,7 +82,8 @@ class Rotary:
         self.inv_freq = inv.to(device)
 
     def cos_sin(self, positions_T: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs_TC2 = positions_T.to(torch.float32)[:, None] * self.inv_freq[None, :]
+        acc = acc_dtype(dtype)
+        freqs_TC2 = positions_T.to(acc)[:, None] * self.inv_freq.to(acc)[None, :]
         emb_TC = torch.cat([freqs_TC2, freqs_TC2], dim=-1)
         return (emb_TC.cos() * self.scaling).to(dtype), (emb_TC.sin() * self.scaling).to(dtype)
 

@@ -23,7 +23,7 @@ from torch import nn
 from kernels import MXFP8Tensor, cpu_pack, moe_forward
 from kernels.mxfp8_linear import mxfp8_moe
 from serve.model.config import ModelConfig
-from serve.model.layers import AttnMeta, RMSNorm, Rotary, apply_rope, paged_attention
+from serve.model.layers import AttnMeta, RMSNorm, Rotary, acc_dtype, apply_rope, paged_attention
 
 
 class Attention(nn.Module):
@@ -114,7 +114,7 @@ class SparseMoE(nn.Module):
 
     def forward(self, x_TD: torch.Tensor) -> torch.Tensor:
         logits_TE = self.gate(x_TD)
-        probs_TE = torch.softmax(logits_TE, dim=-1, dtype=torch.float32)
+        probs_TE = torch.softmax(logits_TE, dim=-1, dtype=acc_dtype(logits_TE.dtype))
         weights_TK, ids_TK = torch.topk(probs_TE, self.top_k, dim=-1)
         if self.norm_topk:
             weights_TK = weights_TK / weights_TK.sum(dim=-1, keepdim=True)

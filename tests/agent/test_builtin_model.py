@@ -313,3 +313,28 @@ def test_the_full_screen_interface_with_no_endpoint_connects_to_the_builtin_and_
         assert gone(checkpoint), "the child server outlived the full-screen interface"
     finally:
         tmux("kill-server")
+
+
+# -- how it is served ---------------------------------------------------------------------------------
+
+
+def test_the_builtin_model_is_served_in_float64_by_the_agent_and_by_composer_serve(checkpoint, monkeypatch):
+    """float64 so that greedy answers do not hinge on a CPU's float32 rounding: both ways of serving it
+    (composer-agent's child, composer-serve with no --model) say so in their ready line."""
+    import io
+
+    from agent.builtin_model import start_builtin
+
+    monkeypatch.setenv("COMPOSER_BUILTIN_MODEL", str(checkpoint))
+    with start_builtin(out=io.StringIO()) as server:
+        ready = "".join(server._stdout)
+    assert "torch.float64" in ready and "CPU kernels not built" not in ready, ready
+    assert gone(checkpoint)
+    p = subprocess.Popen([str(BIN / "composer-serve"), "--port", "0"], stdout=subprocess.PIPE, text=True,
+                         env={**os.environ, "COMPOSER_KERNEL_BUILD": "0"})
+    try:
+        line = p.stdout.readline()
+    finally:
+        p.terminate()
+        p.wait(30)
+    assert "serving composer-tiny at" in line and "torch.float64" in line, line

@@ -38,8 +38,10 @@ def prompts(n: int, seed: int = 0, lo: int = 5, hi: int = 80) -> list[list[int]]
     return [[rng.randrange(3, 1000) for _ in range(rng.randrange(lo, hi))] for _ in range(n)]
 
 
-def hf_logits(path, ids: list[int]) -> torch.Tensor:
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+def hf_logits(path, ids: list[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    # transformers' default grouped-matmul experts take no float64; its eager loop does
+    extra = {"experts_implementation": "eager"} if dtype == torch.float64 else {}
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **extra)
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0]
 
@@ -85,6 +87,21 @@ def test_fp32_logits_match_transformers(variants, name):
     ref = hf_logits(path, ids)[60 - 1:]
     got = engine_logits(engine, ids, split=60)
     assert (got - ref).abs().max().item() <= 1e-4
+
+
+def test_fp64_logits_match_transformers_to_float32_rounding(variants):
+    """float64 (the built-in model's dtype, so that greedy output is the same on every CPU) runs torch's
+    paths end to end in float64: logits agree with transformers' to the float32 rounding they are returned
+    in, where float32 serving is only within 1e-4."""
+    path = variants["base"]
+    engine = NativeEngine(str(path), EngineConfig(dtype="float64", kv_cache_tokens=2048, block_size=8))
+    assert engine.runner.cpu_kernels is None and "torch.float64" in engine.describe()
+    assert "not built" not in engine.describe()
+    ids = prompts(1, seed=11, lo=90, hi=91)[0]
+    ref = hf_logits(path, ids, torch.float64)[60 - 1:]
+    got = engine_logits(engine, ids, split=60)
+    assert got.dtype == torch.float32
+    assert (got.double() - ref).abs().max().item() <= 1e-6 * max(1.0, ref.abs().max().item())
 
 
 def test_yarn_frequencies_equal_transformers(variants):
