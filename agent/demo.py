@@ -110,7 +110,8 @@ def write_repo(root: Path, task: Task) -> None:
     root.mkdir(parents=True, exist_ok=True)
     materialize(task, root, hidden=False)
     if shutil.which("git"):
-        ident = ["-c", "user.name=composer demo", "-c", "user.email=demo@localhost"]
+        # on branch main whatever git's configured default, so every machine's demo prompt says the same
+        ident = ["-c", "user.name=composer demo", "-c", "user.email=demo@localhost", "-c", "init.defaultBranch=main"]
         for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-qm", f"the demo repository ({task.id})"]):
             subprocess.run(["git", *ident, *cmd], cwd=root, capture_output=True)
 

@@ -106,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--init", help="start from this checkpoint (same tokenizer) instead of a random model")
     rec.add_argument("--skip-rl", dest="skip_rl", action="store_true", default=None, help="stop after SFT")
     rec.add_argument("--concurrency", type=int, help="episodes at once when recording and evaluating")
+    rec.add_argument("--same-environment", dest="vary_environment", action="store_false", default=None,
+                     help="record the expert data in one kind of folder, outside git, on today's date "
+                          "(default: varied, so the model learns to ignore them)")
 
     chk = sub.add_parser("check", help="verify a trajectory is token-exact for a model; report the log-prob gap")
     chk.add_argument("session", help="session JSONL recorded with --record-tokens")

@@ -120,12 +120,15 @@ class ExpertTokenServer:
         return Handler
 
 
-def record(model_dir: str | Path, tasks: list[Task], out: str | Path, concurrency: int = 4) -> dict[str, Any]:
+def record(model_dir: str | Path, tasks: list[Task], out: str | Path, concurrency: int = 4,
+           vary_environment: bool = False) -> dict[str, Any]:
     """Run the expert on `tasks` through the real harness with token recording; sessions land in
-    OUT/sessions (ready for `composer-train sft`), the eval report in OUT/report.json."""
+    OUT/sessions (ready for `composer-train sft`), the eval report in OUT/report.json. `vary_environment`:
+    each episode in another folder, git state and date (agent/tasks/variation.py)."""
     from agent.config import Config
     from agent.tasks.eval import EvalConfig, run_eval
 
     with ExpertTokenServer(model_dir, tasks) as srv:
         config = Config(base_url=srv.base_url, model=srv.name, record_tokens=True)
-        return run_eval(tasks, config, EvalConfig(concurrency=concurrency, sandbox=False), out)
+        ecfg = EvalConfig(concurrency=concurrency, sandbox=False, vary_environment=vary_environment)
+        return run_eval(tasks, config, ecfg, out)

@@ -23,6 +23,7 @@ from typing import Any
 from agent.config import Config
 from agent.tasks.runner import EpisodeResult, run_episode
 from agent.tasks.spec import Task
+from agent.tasks.variation import draw
 
 METRICS = ("prompt_tokens", "completion_tokens", "tool_calls", "tool_calls_per_turn", "turns", "duration_s")
 
@@ -35,6 +36,9 @@ class EvalConfig:
     """Episodes per task (pass@k uses k = repeat)."""
     sandbox: bool | None = None
     """Shell under bubblewrap (default: when installed)."""
+    vary_environment: bool = False
+    """Each episode in a differently shaped folder, git state and date (training data; see
+    agent/tasks/variation.py), drawn from its task id and repeat."""
 
     def __post_init__(self) -> None:
         if self.concurrency < 1 or self.repeat < 1:
@@ -76,7 +80,9 @@ def run_eval(tasks: list[Task], config: Config, ecfg: EvalConfig, out: str | Pat
 
     def one(job: tuple[Task, int]) -> None:
         task, r = job
-        res: EpisodeResult = run_episode(task, config, keep_dir=out / "sessions", label=f"r{r}", sandbox=ecfg.sandbox)
+        variation = draw(f"{task.id}/{r}") if ecfg.vary_environment else None
+        res: EpisodeResult = run_episode(task, config, keep_dir=out / "sessions", label=f"r{r}", sandbox=ecfg.sandbox,
+                                         variation=variation)
         row = {**res.as_dict(), "repeat": r, "family": task.family or task.tag}
         with lock:
             rows.append(row)

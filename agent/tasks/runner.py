@@ -21,6 +21,7 @@ from agent.config import Config
 from agent.runtime import build
 from agent.session import SessionData, load
 from agent.tasks.spec import Task
+from agent.tasks.variation import Variation, with_date
 from agent.tasks.workspace import Workspace
 
 
@@ -67,17 +68,18 @@ def episode_config(base: Config, task: Task, sandbox: bool | None = None) -> Con
 
 
 def run_episode(task: Task, config: Config, *, keep_dir: Path | None = None, label: str = "",
-                sandbox: bool | None = None) -> EpisodeResult:
+                sandbox: bool | None = None, variation: Variation | None = None) -> EpisodeResult:
     """Run `task` once in a fresh workspace; the session file is copied into `keep_dir` if given and
-    read back once into `result.session` (what training builds its samples from)."""
+    read back once into `result.session` (what training builds its samples from). A `variation` (training
+    data) sets the workspace's folder and git state and the date the system prompt names."""
     start = time.monotonic()
     ws: Workspace | None = None
     try:
-        ws = Workspace.create(task)
+        ws = Workspace.create(task, variation=variation)
         cfg = episode_config(config, task, sandbox)
         try:
             rt = build(cfg, ws.root, emit=lambda e: None, approve=Approvals("auto"))
-            finished = rt.agent.run(task.prompt, rt.system)
+            finished = rt.agent.run(task.prompt, with_date(rt.system, variation.date) if variation else rt.system)
             rt.session.close()
         except Exception as e:  # noqa: BLE001 - the harness failed, not the model
             return EpisodeResult(task.id, "error", infra_error=f"{type(e).__name__}: {e}",

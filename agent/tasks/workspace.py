@@ -18,18 +18,26 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.tasks.spec import Task, TaskError
+from agent.tasks.variation import Variation
+
+GIT_IDENT = ("-c", "user.name=composer", "-c", "user.email=composer@localhost")
 
 
 @dataclass
 class Workspace:
     root: Path
     task: Task
+    home: Path | None = None  # the temporary folder holding it (removed by cleanup); default root's parent
 
     @classmethod
-    def create(cls, task: Task, parent: str | Path | None = None) -> Workspace:
-        tmp = Path(tempfile.mkdtemp(prefix=f"composer-{_safe(task.id)}-", dir=parent))
-        root = tmp / "repo"
+    def create(cls, task: Task, parent: str | Path | None = None, variation: Variation | None = None) -> Workspace:
+        """A fresh copy in a new temporary folder: TMP/repo, or with a `variation` (training data, see
+        agent/tasks/variation.py) TMP/<dirs>/<name>, a git repository on its branch if it names one."""
+        prefix = variation.prefix if variation else f"composer-{_safe(task.id)}-"
+        tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+        root = tmp.joinpath(*variation.dirs, variation.name) if variation else tmp / "repo"
         try:
+            root.parent.mkdir(parents=True, exist_ok=True)
             if task.workspace:
                 shutil.copytree(task.workspace, root, symlinks=True)
             elif task.repo:
@@ -40,10 +48,14 @@ class Workspace:
 
                 root.mkdir()
                 materialize(task, root, hidden=False)
+            if variation and variation.branch and not task.repo and shutil.which("git"):
+                _git(root, "init", "-q", "-b", variation.branch)
+                _git(root, *GIT_IDENT, "add", "-A")
+                _git(root, *GIT_IDENT, "commit", "-qm", "start")
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        return cls(root, task)
+        return cls(root, task, tmp)
 
     def install_hidden(self) -> None:
         """Put the verification files in place (after the episode, never before)."""
@@ -62,7 +74,7 @@ class Workspace:
 
     def verify(self, answer: str = "") -> tuple[bool, str]:
         """Install the hidden files, run the verify command: (passed, the tail of its output)."""
-        answer_file = self.root.parent / "answer.txt"
+        answer_file = (self.home or self.root.parent) / "answer.txt"
         answer_file.write_text(answer, encoding="utf-8")
         try:
             self.install_hidden()
@@ -72,7 +84,7 @@ class Workspace:
                           {"COMPOSER_ANSWER_FILE": str(answer_file)})
 
     def cleanup(self) -> None:
-        shutil.rmtree(self.root.parent, ignore_errors=True)
+        shutil.rmtree(self.home or self.root.parent, ignore_errors=True)
 
 
 def run_verify(command: str, cwd: Path, timeout_s: float, extra_env: dict[str, str] | None = None) -> tuple[bool, str]:
