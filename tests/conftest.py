@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -12,6 +13,12 @@ import pytest
 # build competing with timing-sensitive tests makes them flaky. tests/kernels builds them once, in the
 # open, and the engine tests that run after it load that build.
 os.environ.setdefault("COMPOSER_KERNEL_BUILD", "0")
+
+# A test run started in the background by a shell without job control (`pytest &`, nohup) inherits
+# SIGINT ignored, and every process it starts would too: the Ctrl-C tests would then test nothing
+# but that. The children get the default disposition back.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _has_cuda() -> bool:
