@@ -28,9 +28,10 @@ def prompt_text(name: str) -> str:
     return resources.files("agent").joinpath("prompts", name).read_text(encoding="utf-8")
 
 
-def system_prompt(root: Path, extra_roots: tuple[Path, ...] = ()) -> str:
+def system_prompt(root: Path, extra_roots: tuple[Path, ...] = (), date: str | None = None) -> str:
+    """`date` (YYYY-MM-DD) stands in for today's: training episodes name varied ones (agent/tasks/variation.py)."""
     text = prompt_text("system.md").format(
-        cwd=root, platform=f"{platform.system()} {platform.machine()}", date=time.strftime("%Y-%m-%d"),
+        cwd=root, platform=f"{platform.system()} {platform.machine()}", date=date or time.strftime("%Y-%m-%d"),
         git=_git_line(root))
     if extra_roots:
         text += "\n\nThe user also gave you these folders (use absolute paths for them):\n" + "\n".join(

@@ -29,6 +29,7 @@ editing the test does not count.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import subprocess
@@ -109,14 +110,15 @@ def write_repo(root: Path, task: Task) -> None:
     """Write the task's repository into `root`: a git repository with one commit when git is installed,
     so `git diff` shows what the agent changed."""
     from agent.tasks.families import materialize
+    from agent.tasks.spec import TaskError
+    from agent.tasks.workspace import init_repo
 
     root.mkdir(parents=True, exist_ok=True)
     materialize(task, root, hidden=False)
     if shutil.which("git"):
         # on branch main whatever git's configured default, so every machine's demo prompt says the same
-        ident = ["-c", "user.name=composer demo", "-c", "user.email=demo@localhost", "-c", "init.defaultBranch=main"]
-        for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-qm", f"the demo repository ({task.id})"]):
-            subprocess.run(["git", *ident, *cmd], cwd=root, capture_output=True)
+        with contextlib.suppress(TaskError):  # a git that cannot commit here: the demo runs without it
+            init_repo(root, "main", f"the demo repository ({task.id})")
 
 
 def run_tests(root: Path) -> tuple[bool, str]:
@@ -215,17 +217,15 @@ def main(argv: list[str] | None = None) -> int:
             server.stop()
 
 
-def _run(root: Path, task: Task, args: argparse.Namespace, server: LocalServer | None, out: TextIO) -> int:
-    from agent.approval import Approvals
-    from agent.client import ModelError
+def demo_config(task: Task, server: LocalServer | None, base_url: str | None = None, model: str | None = None):
+    """The demo's agent settings (bench/tiny_environments.py runs tasks with them too). Greedy, so the
+    run is the same every time. With the built-in model, its own settings (96 tokens a turn, as
+    trained); elsewhere a cap that stops a confused model early."""
     from agent.config import Config
-    from agent.runtime import build
 
-    # Greedy, so the run is the same every time. With the built-in model, its own settings (96 tokens
-    # a turn, as trained); elsewhere a cap that stops a confused model early.
     config = Config(
-        base_url=server.base_url if server else args.base_url,
-        model=args.model,
+        base_url=server.base_url if server else base_url,
+        model=model,
         temperature=0.0,
         max_turns=task.max_turns,
         max_time_s=600.0,
@@ -234,6 +234,15 @@ def _run(root: Path, task: Task, args: argparse.Namespace, server: LocalServer |
     )
     if server is not None:
         server.configure(config)
+    return config
+
+
+def _run(root: Path, task: Task, args: argparse.Namespace, server: LocalServer | None, out: TextIO) -> int:
+    from agent.approval import Approvals
+    from agent.client import ModelError
+    from agent.runtime import build
+
+    config = demo_config(task, server, args.base_url, args.model)
     printer = DemoPrinter(out)
     try:
         rt = build(config, root, emit=printer, approve=Approvals("auto"))

@@ -33,8 +33,10 @@ def sessions_dir(root: Path) -> Path:
 
 
 def build(config: Config, root: Path, *, emit: Callable[[Event], None], approve: Approver | None = None,
-          resume: str | None = None, model: Model | None = None, server_window: int | None = None) -> Runtime:
-    """Everything a run needs. `model` defaults to an OpenAIClient already checked by the caller."""
+          resume: str | None = None, model: Model | None = None, server_window: int | None = None,
+          date: str | None = None) -> Runtime:
+    """Everything a run needs. `model` defaults to an OpenAIClient already checked by the caller; `date`
+    replaces today's in a new session's system prompt."""
     if model is None:
         client = OpenAIClient(config)
         _, server_window = client.check()
@@ -61,7 +63,7 @@ def build(config: Config, root: Path, *, emit: Callable[[Event], None], approve:
                                  spec_hash=registry.spec_hash(), tools=registry.specs(), context_window=window)
     agent = Agent(model, registry, ctx, config, session, context_window=window, emit=emit, approve=approve,
                   messages=messages)
-    system = messages[0]["content"] if messages else system_prompt(root, workspace.extra_roots)
+    system = messages[0]["content"] if messages else system_prompt(root, workspace.extra_roots, date)
     emit(SessionStarted(session.id, str(root), model.name, config.base_url, registry.spec_hash(), window,
                         resumed=bool(resume)))
     for warning in mcp_warnings:

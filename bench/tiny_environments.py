@@ -33,9 +33,7 @@ def run(model_dir: str, family: str, seeds: list[int], envs: list[tuple[str, str
     from agent import demo
     from agent.approval import Approvals
     from agent.builtin_model import BUILTIN_SERVE_ARGS, launch, wait_ready
-    from agent.config import Config
     from agent.runtime import build
-    from agent.tasks.variation import with_date
 
     server = launch(Path(model_dir), extra_args=BUILTIN_SERVE_ARGS)
     results: dict[int, list[bool]] = {}
@@ -48,11 +46,9 @@ def run(model_dir: str, family: str, seeds: list[int], envs: list[tuple[str, str
                 root = Path(folder)
                 shutil.rmtree(root, ignore_errors=True)
                 demo.write_repo(root, task)
-                config = Config(base_url=server.base_url, temperature=0.0, max_turns=task.max_turns,
-                                max_time_s=600.0, approval="auto")
-                server.configure(config)
-                rt = build(config, root, emit=lambda e: None, approve=Approvals("auto"))
-                finished = rt.agent.run(task.prompt, with_date(rt.system, date))
+                rt = build(demo.demo_config(task, server), root, emit=lambda e: None, approve=Approvals("auto"),
+                           date=date)
+                finished = rt.agent.run(task.prompt, rt.system)
                 rt.session.close()
                 oks.append(demo.green(root, task, finished.final_text)[0])
                 shutil.rmtree(root, ignore_errors=True)

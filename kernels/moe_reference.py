@@ -40,8 +40,9 @@ def _expert(w: torch.Tensor | MXFP8Tensor, e: int, dtype: torch.dtype) -> torch.
     return w[e].to(dtype)
 
 
-def _acc(dtype: torch.dtype) -> torch.dtype:
-    """The sum's dtype: float32, or x's where wider (float64 serving)."""
+def acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What sums, norms, rope and the router run in: float32, or the input's dtype where wider (float64
+    serving). serve/model uses it too."""
     return torch.promote_types(dtype, torch.float32)
 
 
@@ -52,7 +53,7 @@ def moe_reference(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK
     K = topk_ids_TK.shape[1]
     inter = w2.shape[2]
     expert_P = topk_ids_TK.reshape(-1)
-    acc = _acc(x_TD.dtype)
+    acc = acc_dtype(x_TD.dtype)
     weight_P = topk_weights_TK.reshape(-1).to(acc)
     order = torch.argsort(expert_P, stable=True)
     experts, counts = torch.unique_consecutive(expert_P[order], return_counts=True)
@@ -84,7 +85,7 @@ def moe_all_experts(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_
     then also sums over experts; about twice as fast at decode sizes."""
     T, D = x_TD.shape
     E, inter = w13.shape[0], w2.shape[2]
-    acc = _acc(x_TD.dtype)
+    acc = acc_dtype(x_TD.dtype)
     gate_TE = torch.zeros(T, E, dtype=acc, device=x_TD.device)
     gate_TE.scatter_add_(1, topk_ids_TK.long(), topk_weights_TK.to(acc))
     if packed is not None:
@@ -137,7 +138,7 @@ def moe_grouped_cpu(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_
         if n:
             torch.mm(h_PI[start : start + n], w2[e].T, out=y_PD[start : start + n])
             start += n
-    acc = _acc(x_TD.dtype)
+    acc = acc_dtype(x_TD.dtype)
     weight_P1 = topk_weights_TK.reshape(-1).to(acc).index_select(0, order_P)[:, None]
     y_PD = y_PD.to(acc).mul_(weight_P1) if y_PD.dtype != acc else y_PD.mul_(weight_P1)
     out_TD = torch.zeros(T, D, dtype=acc, device=x_TD.device).index_add_(0, tokens_P, y_PD)

@@ -21,7 +21,7 @@ from agent.config import Config
 from agent.runtime import build
 from agent.session import SessionData, load
 from agent.tasks.spec import Task
-from agent.tasks.variation import Variation, with_date
+from agent.tasks.variation import Variation
 from agent.tasks.workspace import Workspace
 
 
@@ -78,8 +78,9 @@ def run_episode(task: Task, config: Config, *, keep_dir: Path | None = None, lab
         ws = Workspace.create(task, variation=variation)
         cfg = episode_config(config, task, sandbox)
         try:
-            rt = build(cfg, ws.root, emit=lambda e: None, approve=Approvals("auto"))
-            finished = rt.agent.run(task.prompt, with_date(rt.system, variation.date) if variation else rt.system)
+            rt = build(cfg, ws.root, emit=lambda e: None, approve=Approvals("auto"),
+                       date=variation.date if variation else None)
+            finished = rt.agent.run(task.prompt, rt.system)
             rt.session.close()
         except Exception as e:  # noqa: BLE001 - the harness failed, not the model
             return EpisodeResult(task.id, "error", infra_error=f"{type(e).__name__}: {e}",

@@ -5,14 +5,13 @@ training episodes all ran in /tmp/composer-<task id>-<random>/repo, on one day, 
 those bytes along with the task, and its greedy choices then shift when a user's folder, date or
 branch differ. With a variation an episode runs in a folder of another shape (a real folder), in half
 of them inside a real git repository on some branch, and its system prompt names another date (the
-one thing rewritten: the date line). Drawn from a key (task id and repeat), so a run reproduces.
+one thing not real: `system_prompt(date=...)`). Drawn from a key (task id and repeat), so a run reproduces.
 """
 
 from __future__ import annotations
 
 import datetime
 import random
-import re
 from dataclasses import dataclass
 
 PREFIXES = ("", "composer-", "demo-", "pytest-", "work-", "ws-", "agent-", "run-")
@@ -22,7 +21,6 @@ NAMES = ("repo", "d", "project", "app", "demo", "demo-repo", "lib", "service", "
          "mylib", "stats-lib", "core", "backend", "scripts", "utils", "calc", "example", "w")
 BRANCHES = ("main", "master", "dev", "develop", "trunk", "fix-tests", "feature/cache", "bugfix/stats", "wip")
 FIRST_DAY, DAYS = datetime.date(2024, 1, 1), 7 * 365
-DATE_LINE = re.compile(r"^- Date: \d{4}-\d{2}-\d{2}$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -43,8 +41,3 @@ def draw(key: str) -> Variation:
         branch=rng.choice(BRANCHES) if rng.random() < 0.5 else None,
         date=(FIRST_DAY + datetime.timedelta(days=rng.randrange(DAYS))).isoformat(),
     )
-
-
-def with_date(system: str, date: str) -> str:
-    """The system prompt with its date line naming `date` (unchanged if it has none)."""
-    return DATE_LINE.sub(f"- Date: {date}", system, count=1)

@@ -23,11 +23,22 @@ from agent.tasks.variation import Variation
 GIT_IDENT = ("-c", "user.name=composer", "-c", "user.email=composer@localhost")
 
 
+def init_repo(root: Path, branch: str, message: str = "start") -> None:
+    """Make `root` a git repository on `branch` with everything in one commit (TaskError if git fails).
+    The branch comes as init.defaultBranch, which git versions without `init -b` accept too."""
+    _git(root, *GIT_IDENT, "-c", f"init.defaultBranch={branch}", "init", "-q")
+    _git(root, *GIT_IDENT, "add", "-A")
+    _git(root, *GIT_IDENT, "commit", "-qm", message)
+
+
 @dataclass
 class Workspace:
     root: Path
     task: Task
-    home: Path | None = None  # the temporary folder holding it (removed by cleanup); default root's parent
+    home: Path | None = None  # the temporary folder holding it, removed by cleanup (default: root's parent)
+
+    def __post_init__(self) -> None:
+        self.home = self.home or self.root.parent
 
     @classmethod
     def create(cls, task: Task, parent: str | Path | None = None, variation: Variation | None = None) -> Workspace:
@@ -49,9 +60,7 @@ class Workspace:
                 root.mkdir()
                 materialize(task, root, hidden=False)
             if variation and variation.branch and not task.repo and shutil.which("git"):
-                _git(root, "init", "-q", "-b", variation.branch)
-                _git(root, *GIT_IDENT, "add", "-A")
-                _git(root, *GIT_IDENT, "commit", "-qm", "start")
+                init_repo(root, variation.branch)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -74,7 +83,7 @@ class Workspace:
 
     def verify(self, answer: str = "") -> tuple[bool, str]:
         """Install the hidden files, run the verify command: (passed, the tail of its output)."""
-        answer_file = (self.home or self.root.parent) / "answer.txt"
+        answer_file = self.home / "answer.txt"
         answer_file.write_text(answer, encoding="utf-8")
         try:
             self.install_hidden()
@@ -84,7 +93,7 @@ class Workspace:
                           {"COMPOSER_ANSWER_FILE": str(answer_file)})
 
     def cleanup(self) -> None:
-        shutil.rmtree(self.home or self.root.parent, ignore_errors=True)
+        shutil.rmtree(self.home, ignore_errors=True)
 
 
 def run_verify(command: str, cwd: Path, timeout_s: float, extra_env: dict[str, str] | None = None) -> tuple[bool, str]:

@@ -119,8 +119,8 @@ class NativeEngine(Engine):
         self.model = load_model(model_dir, device=self.device, dtype=self.dtype, quant=self.quant)
         # float64 (served so that greedy output is the same on every CPU) runs torch's paths: the C++
         # kernels accumulate in float32
-        kernels = self.device.type == "cpu" and c.cpu_kernels and self.dtype != torch.float64
-        self.cpu_kernels = cpu_ext.load() if kernels else None
+        self.kernels_wanted = self.device.type == "cpu" and c.cpu_kernels and self.dtype != torch.float64
+        self.cpu_kernels = cpu_ext.load() if self.kernels_wanted else None
         cpu = self.device.type == "cpu" and c.cpu_pack
         self.packing = self.model.pack_for_cpu(cpu_kernels=self.cpu_kernels) if cpu else ""
         self.policy_version = read_policy_version(model_dir) or 0
@@ -156,8 +156,7 @@ class NativeEngine(Engine):
                 + (f"; {self.packing}" if self.packing else "")
                 + ("; decode attention: paged CPU kernel" if self.runner.cpu_kernels is not None else "")
                 + ("; CPU kernels not built yet (torch paths; `python -m kernels.cpu_ext` builds them)"
-                   if self.device.type == "cpu" and self.config.cpu_kernels and self.cpu_kernels is None
-                   and self.dtype != torch.float64 else ""))
+                   if self.kernels_wanted and self.cpu_kernels is None else ""))
 
     def stats(self) -> EngineStats:
         waiting = len(self.scheduler.waiting) + self._inbox.qsize() + len(self._held)

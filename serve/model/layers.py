@@ -17,12 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.moe_reference import acc_dtype
 from serve.model.config import ModelConfig
-
-
-def acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    """What norms, rope and sums run in: float32, or the input's dtype where wider (float64 serving)."""
-    return torch.promote_types(dtype, torch.float32)
 
 
 class RMSNorm(nn.Module):

@@ -21,9 +21,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels import MXFP8Tensor, cpu_pack, moe_forward
+from kernels.moe_reference import acc_dtype
 from kernels.mxfp8_linear import mxfp8_moe
 from serve.model.config import ModelConfig
-from serve.model.layers import AttnMeta, RMSNorm, Rotary, acc_dtype, apply_rope, paged_attention
+from serve.model.layers import AttnMeta, RMSNorm, Rotary, apply_rope, paged_attention
 
 
 class Attention(nn.Module):

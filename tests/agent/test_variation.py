@@ -13,7 +13,7 @@ from agent.tasks import Workspace
 from agent.tasks.eval import EvalConfig, run_eval
 from agent.tasks.expert import ExpertServer
 from agent.tasks.families import generate
-from agent.tasks.variation import FIRST_DAY, draw, with_date
+from agent.tasks.variation import FIRST_DAY, draw
 
 
 def test_draws_are_reproducible_and_spread():
@@ -29,11 +29,10 @@ def test_draws_are_reproducible_and_spread():
 def test_only_the_date_line_changes(tmp_path):
     system = system_prompt(tmp_path)
     assert f"- Date: {time.strftime('%Y-%m-%d')}" in system
-    changed = with_date(system, "2029-02-28")
+    changed = system_prompt(tmp_path, date="2029-02-28")
     assert "- Date: 2029-02-28" in changed and time.strftime("%Y-%m-%d") not in changed
     assert [a for a, b in zip(system.splitlines(), changed.splitlines(), strict=True) if a != b] == [
         f"- Date: {time.strftime('%Y-%m-%d')}"]
-    assert with_date("no environment section", "2029-02-28") == "no environment section"
 
 
 def test_a_varied_workspace_is_a_real_repository_at_the_drawn_path(tmp_path):
