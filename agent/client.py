@@ -22,6 +22,8 @@ With `record_tokens` the request also asks for token ids and logprobs (composer-
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import queue
 import secrets
@@ -58,6 +60,7 @@ class TokenRecord:
     completion_token_ids: list[int]
     completion_logprobs: list[float | None]  # one per completion id, under the sampling policy
     policy_version: int | None = None  # composer-serve's weights version (the oldest, if it changed mid-stream)
+    routed_experts: dict[str, Any] | None = None  # the MoE experts of each token read (return_routed_experts)
 
 
 @dataclass
@@ -162,7 +165,7 @@ class OpenAIClient:
         if max_tokens is not None:
             body["max_tokens"] = max_tokens
         if self.config.record_tokens:
-            body |= {"return_token_ids": True, "logprobs": True}
+            body |= {"return_token_ids": True, "logprobs": True, "return_routed_experts": True}
         attempt = 0
         while True:
             try:
@@ -502,6 +505,7 @@ class _Tokens:
         self.saw_completion = False  # a server that ignores return_token_ids sends no `token_ids` key
         self.logprobs: list[float | None] = []
         self.version: int | None = None
+        self.routes: dict[str, Any] | None = None
 
     def chunk(self, obj: dict[str, Any]) -> None:
         if obj.get("prompt_token_ids") is not None:
@@ -514,6 +518,8 @@ class _Tokens:
             if choice.get("token_ids") is not None:
                 self.saw_completion = True
                 self.completion += choice["token_ids"]
+            if isinstance(choice.get("routed_experts"), dict):
+                self.routes = choice["routed_experts"]
             for entry in (choice.get("logprobs") or {}).get("content") or []:
                 self.logprobs.append(entry.get("logprob"))
 
@@ -534,7 +540,21 @@ class _Tokens:
         if len(self.logprobs) != len(self.completion):
             raise ModelError(f"{self.base_url} returned {len(self.logprobs)} logprobs for {len(self.completion)} "
                              "completion token ids; --record-tokens needs one per token", "request")
-        return TokenRecord(self.prompt, self.completion, self.logprobs, self.version)
+        return TokenRecord(self.prompt, self.completion, self.logprobs, self.version, self.routes)
+
+
+def routes_from(routes: dict[str, Any], start: int) -> dict[str, Any] | None:
+    """A server's routed_experts ({start, shape [T, M, K], dtype, data: base64}) from token `start` of
+    it on (a malformed one: None, and the trainer routes those tokens itself)."""
+    try:
+        (n, m, k), item = routes["shape"], {"uint8": 1, "int16": 2}[routes["dtype"]]
+        raw = base64.b64decode(routes["data"], validate=True)
+        if len(raw) != n * m * k * item or not 0 <= start <= n:
+            return None
+        return {"start": int(routes["start"]) + start, "shape": [n - start, m, k], "dtype": routes["dtype"],
+                "data": base64.b64encode(raw[start * m * k * item:]).decode("ascii")}
+    except (KeyError, TypeError, ValueError, binascii.Error):
+        return None
 
 
 def new_call_id() -> str:

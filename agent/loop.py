@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from agent.client import Model, ModelError, ModelTurn, StreamCallbacks, estimate_tokens
+from agent.client import Model, ModelError, ModelTurn, StreamCallbacks, estimate_tokens, routes_from
 from agent.config import Config
 from agent.context import compact, estimate_messages, summary_request
 from agent.protocol import (
@@ -58,6 +58,7 @@ class Agent:
         self._last_prompt = (0, 0)  # (prompt tokens reported, number of messages they covered)
         self._summarized_at = -1
         self.error_kind: str | None = None
+        self._recorded: list[int] = []  # prompt + completion ids of the last request recorded (record_tokens)
 
     # -- public ---------------------------------------------------------------------------------------
 
@@ -183,7 +184,7 @@ class Agent:
             "type": "request", "turn": turn, "segment": self.session.segment, "messages": sent, "extra": [],
             "purpose": "turn", "spec_hash": self.spec_hash, "usage": _usage(reply),
             "timings": {"ttft_s": round(reply.ttft_s, 4), "model_s": round(reply.duration_s, 4)},
-            "finish_reason": reply.finish_reason, "reasoning": reply.reasoning, **_tokens(reply),
+            "finish_reason": reply.finish_reason, "reasoning": reply.reasoning, **self._tokens(reply),
         })
         context_before = self._context_used()
         self._append(assistant)
@@ -235,6 +236,23 @@ class Agent:
             return estimate_messages(self.messages) + estimate_tokens(self.specs)
         return tokens + estimate_messages(self.messages[covered:])
 
+    def _tokens(self, reply: ModelTurn) -> dict[str, Any]:
+        """The sampled tokens (record_tokens), for training on exactly them; nothing otherwise. Routed
+        experts are kept from the first position the previous request did not already cover, when this
+        prompt continues it (what train/samples.py chains into one sample)."""
+        t = reply.tokens
+        if t is None:
+            return {}
+        out = {"prompt_token_ids": t.prompt_token_ids, "completion_token_ids": t.completion_token_ids,
+               "completion_logprobs": t.completion_logprobs, "policy_version": t.policy_version}
+        if t.routed_experts is not None:
+            prev = self._recorded
+            start = len(prev) - 1 if prev and t.prompt_token_ids[: len(prev)] == prev else 0
+            out["routed_experts"] = routes_from(t.routed_experts, start)
+        self._recorded = t.prompt_token_ids + t.completion_token_ids
+        return out
+
+
     def _summarize(self) -> None:
         before = self._context_used()
         request = summary_request(self.messages, self.window)
@@ -246,7 +264,7 @@ class Agent:
             "messages": sent if unchanged else 0, "extra": request[-1:] if unchanged else request,
             "purpose": "summary", "spec_hash": None, "usage": _usage(reply),
             "timings": {"ttft_s": round(reply.ttft_s, 4), "model_s": round(reply.duration_s, 4)},
-            "finish_reason": reply.finish_reason, "reasoning": reply.reasoning, **_tokens(reply),
+            "finish_reason": reply.finish_reason, "reasoning": reply.reasoning, **self._tokens(reply),
         })
         self.prompt_tokens += reply.usage.prompt_tokens
         self.completion_tokens += reply.usage.completion_tokens
@@ -272,15 +290,6 @@ class Agent:
         if c.token_budget is not None and self.prompt_tokens + self.completion_tokens - tokens_at_start >= c.token_budget:
             return "max_tokens"
         return None
-
-
-def _tokens(reply: ModelTurn) -> dict[str, Any]:
-    """The sampled tokens (record_tokens), for training on exactly them; nothing otherwise."""
-    t = reply.tokens
-    if t is None:
-        return {}
-    return {"prompt_token_ids": t.prompt_token_ids, "completion_token_ids": t.completion_token_ids,
-            "completion_logprobs": t.completion_logprobs, "policy_version": t.policy_version}
 
 
 def _usage(reply: ModelTurn) -> dict[str, Any]:

@@ -146,6 +146,7 @@ class ServerState:
             seed=req.seed, stop_token_ids=sorted(set([] if req.ignore_eos else self.chat.stop_token_ids)
                                                  | set(req.stop_token_ids or [])),
             logprobs=logprobs, top_logprobs=top_logprobs,
+            return_routed_experts=getattr(req, "return_routed_experts", False),
         )
 
 

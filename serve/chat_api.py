@@ -29,6 +29,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from serve import routed_experts
 from serve.api import ServerState, engine_error, request_id, unless_disconnected
 from serve.chat_format import ChatFormatError
 from serve.engine.base import SamplingParams
@@ -61,6 +62,7 @@ class ChoiceOut:
     finish_reason: str = "stop"
     completion_tokens: int = 0
     policy_version: int | None = None
+    routed_experts: Any = None  # [T, M, K] (return_routed_experts)
 
 
 def prepare(state: ServerState, req: ChatCompletionRequest) -> Prepared:
@@ -139,6 +141,8 @@ async def choice_events(state: ServerState, p: Prepared, params: SamplingParams)
             if isinstance(piece, Finish):
                 out.finish_reason, out.completion_tokens = piece.reason, piece.completion_tokens
                 break
+            if piece.routed_experts is not None:
+                out.routed_experts = piece.routed_experts
             out.token_ids += piece.token_ids
             out.logprobs += piece.logprobs
             out.tops += piece.tops
@@ -205,6 +209,8 @@ async def chat_completion(state: ServerState, req: ChatCompletionRequest, reques
                                   if req.logprobs else None}
         if req.return_token_ids:
             choice["token_ids"] = out.token_ids
+        if req.return_routed_experts:
+            choice["routed_experts"] = _routes(out)
         choices.append(choice)
     completion = sum(o.completion_tokens for o in outs)
     body: dict[str, Any] = {"id": rid, "object": "chat.completion", "created": created, "model": state.served_name,
@@ -222,6 +228,12 @@ async def _collect(state: ServerState, p: Prepared, params: SamplingParams) -> C
         if kind == "finish":
             out = value
     return out
+
+
+def _routes(out: ChoiceOut) -> dict[str, Any] | None:
+    if out.routed_experts is None:
+        return None
+    return routed_experts.encode(out.routed_experts.numpy(), 0)
 
 
 def _logprobs(state: ServerState, ids: list[int], logprobs: list[float | None],
@@ -276,6 +288,8 @@ async def _stream(state: ServerState, req: ChatCompletionRequest, p: Prepared, r
                              "finish_reason": value.finish_reason}
                     if req.return_token_ids:
                         final["token_ids"] = ids
+                    if req.return_routed_experts:
+                        final["routed_experts"] = _routes(value)
                     await queue.put(("done", final, value.completion_tokens))
                     return
                 if kind == "tool_call":

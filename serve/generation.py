@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from serve.access_log import prompt_started, token_generated
 from serve.detokenizer import Detokenizer
@@ -28,6 +29,7 @@ class Piece:
     logprobs: list[float | None] = field(default_factory=list)
     tops: list[list[tuple[int, float]] | None] = field(default_factory=list)
     policy_version: int | None = None
+    routed_experts: Any = None  # the engine's, on the last token (SamplingParams.return_routed_experts)
 
 
 @dataclass
@@ -58,9 +60,9 @@ async def run_choice(engine: Engine, tokenizer, prompt_ids: list[int], params: S
                 first = time.monotonic()
             if tok.id in stop_ids:
                 reason = "stop"
-                yield Piece("", [tok.id], [tok.logprob], [tok.top], version)
+                yield Piece("", [tok.id], [tok.logprob], [tok.top], version, tok.routed_experts)
                 break
-            yield Piece(detok.add(tok.id), [tok.id], [tok.logprob], [tok.top], version)
+            yield Piece(detok.add(tok.id), [tok.id], [tok.logprob], [tok.top], version, tok.routed_experts)
             if detok.stopped:
                 reason = "stop"
                 break

@@ -215,6 +215,8 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: Int(ge=0, le=20) | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     response_format: ResponseFormat | None = None
+    return_routed_experts: bool = False
+    """Per choice, the MoE experts of every token the model read (serve/routed_experts.py)."""
 
 
 class CompletionRequest(_Sampling):

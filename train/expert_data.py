@@ -67,6 +67,10 @@ class ExpertTokenServer:
     def logprobs(self, ids: list[int]) -> list[float]:
         return [0.0] * len(ids)
 
+    def choice_extras(self, body: dict[str, Any], prompt: list[int], ids: list[int]) -> dict[str, Any]:
+        """More fields for the answer's choice (subclasses; the expert has none)."""
+        return {}
+
     def _handler(self):
         server = self
 
@@ -111,7 +115,8 @@ class ExpertTokenServer:
                         "policy_version": server.version}
                 finish = "tool_calls" if parsed.tool_calls else "stop"
                 chunks = [base | {"prompt_token_ids": prompt, "choices": [
-                              {"index": 0, "delta": delta, "token_ids": ids, "logprobs": lps, "finish_reason": finish}]},
+                              {"index": 0, "delta": delta, "token_ids": ids, "logprobs": lps, "finish_reason": finish,
+                               **server.choice_extras(body, prompt, ids)}]},
                           base | {"choices": [], "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids),
                                                            "total_tokens": len(prompt) + len(ids)}}]
                 data = b"".join(f"data: {json.dumps(c)}\n\n".encode() for c in chunks) + b"data: [DONE]\n\n"

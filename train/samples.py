@@ -9,6 +9,11 @@ completion is trained on (mask 1). When the prefix does not hold (a summary requ
 context after it, a template that rewrote history, a completion cut by max_tokens) a new segment
 starts; every segment of an episode gets the episode's reward.
 
+Routed experts (routing replay): where a request record carries `routed_experts` (composer-serve's,
+serve/routed_experts.py), the sample keeps, per token, the experts each MoE layer used when the server
+read it, and the trainer routes those tokens the same way; tokens without (another server, a request
+cut short) are routed by the trainer itself (-1).
+
 Refused with a clear TrajectoryError: requests recorded without token ids, a tool spec hash other than
 the one the model is trained for, and prompts that the model's own chat format does not reproduce
 (another chat template or tokenizer) when `chat` is given.
@@ -19,7 +24,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from agent.session import SessionData
+from serve import routed_experts
 
 TOKEN_FIELDS = ("prompt_token_ids", "completion_token_ids", "completion_logprobs")
 
@@ -39,11 +47,27 @@ class Sample:
     sampler_logprobs: list[float] = field(default_factory=list)  # the server's, 0.0 where mask is 0
     versions: list[int] = field(default_factory=list)  # policy version of each request in the segment
     requests: int = 0
+    routes: np.ndarray | None = None  # [len(token_ids), M, K] int16: the server's experts per token, -1: none
 
     def extend(self, ids: list[int], sampled: bool, logprobs: list[float] | None = None) -> None:
         self.token_ids += ids
         self.mask += [int(sampled)] * len(ids)
         self.sampler_logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+
+    def add_routes(self, start: int, routes_TMK: np.ndarray) -> None:
+        """The server's experts of tokens start .. start+T-1 (those past the sample's end are dropped)."""
+        n = len(self.token_ids)
+        if self.routes is None:
+            self.routes = np.full((n, *routes_TMK.shape[1:]), -1, dtype=np.int16)
+        elif self.routes.shape[1:] != routes_TMK.shape[1:]:
+            raise TrajectoryError(f"routed experts of shape {list(routes_TMK.shape[1:])} after "
+                                  f"{list(self.routes.shape[1:])} in one episode")
+        if len(self.routes) < n:
+            grow = np.full((n - len(self.routes), *self.routes.shape[1:]), -1, dtype=np.int16)
+            self.routes = np.concatenate([self.routes, grow])
+        end = min(n, start + len(routes_TMK))
+        if end > start:
+            self.routes[start:end] = routes_TMK[: end - start]
 
     @property
     def min_version(self) -> int:
@@ -112,6 +136,11 @@ def build_samples(data: SessionData, *, chat=None, spec_hash: str | None = None)
             samples.append(cur)
             cur.extend(list(prompt), sampled=False)
         cur.extend(list(completion), sampled=True, logprobs=logprobs)
+        if rec.get("routed_experts") is not None:
+            try:
+                cur.add_routes(*routed_experts.decode(rec["routed_experts"]))
+            except ValueError as e:
+                raise TrajectoryError(f"session {data.meta.get('id')}, turn {rec.get('turn')}: {e}") from None
         cur.versions.append(int(rec.get("policy_version") or 0))
         cur.requests += 1
     return [s for s in samples if s.sampled_tokens]

@@ -11,8 +11,14 @@ padded tokens; each micro-batch's loss is scaled so that the sum equals the loss
 AdamW on fp32 masters; on a GPU the forward runs under bf16 autocast.
 
 Limits: logits are materialised for a whole micro-batch ([B, L, V] float32): fine for small vocabularies,
-chunk them before training a 150k-vocabulary model on long contexts. No routing replay yet: the
-trainer routes tokens itself (at equal weights it picks the same experts as the sampler).
+chunk them before training a 150k-vocabulary model on long contexts.
+
+Routing replay (`replay_routes`, on by default): tokens whose sample carries the server's experts
+(train/samples.py) go to those experts, weighted by the trainer's own router probabilities of them, so
+the router still gets gradients. Without it a near-tied router choice that rounds the other way here
+(other kernels, another CPU) flips one token's experts and moves every later log-prob by ~1e-4; with
+bf16 serving and weights a few steps stale, many more. Each step reports how many routes were replayed
+and how many of those the trainer would have chosen differently (`routes_replayed`, `routes_differ`).
 """
 
 from __future__ import annotations
@@ -51,6 +57,8 @@ class TrainerConfig:
     """cpu or cuda (default: cuda when available)."""
     seed: int = 0
     """Seeds torch's RNG at start-up."""
+    replay_routes: bool = True
+    """Route each token to the experts the server used for it, where the sample says (routing replay)."""
 
     def __post_init__(self) -> None:
         if self.lr <= 0 or self.micro_batch_tokens < 1 or self.grad_clip < 0:
@@ -88,6 +96,22 @@ def pad(samples: list[Sample], device: torch.device) -> tuple[torch.Tensor, torc
     return ids.to(device), mask.to(device), slp.to(device)
 
 
+def pad_routes(samples: list[Sample], device: torch.device) -> torch.Tensor | None:
+    """The samples' routed experts [B, L, M, K], -1 where none were recorded; None if no sample has any."""
+    shapes = {s.routes.shape[1:] for s in samples if s.routes is not None}
+    if not shapes:
+        return None
+    if len(shapes) > 1:
+        raise ValueError(f"samples with routed experts of different shapes: {sorted(shapes)}")
+    L = max(len(s.token_ids) for s in samples)
+    out = torch.full((len(samples), L, *shapes.pop()), -1, dtype=torch.int16)
+    for i, s in enumerate(samples):
+        if s.routes is not None:
+            n = min(len(s.routes), len(s.token_ids))
+            out[i, :n] = torch.from_numpy(s.routes[:n])
+    return out.to(device)
+
+
 class Trainer:
     def __init__(self, model_dir: str | Path, config: TrainerConfig | None = None,
                  loss: LossConfig | None = None):
@@ -108,27 +132,31 @@ class Trainer:
 
     score_trained_only = True  # run the LM head on trained positions only (see _token_logprobs)
 
-    def _token_logprobs(self, ids_BL: torch.Tensor, mask_BL: torch.Tensor | None = None) -> torch.Tensor:
+    def _token_logprobs(self, ids_BL: torch.Tensor, mask_BL: torch.Tensor | None = None,
+                        routes_BLMK: torch.Tensor | None = None) -> torch.Tensor:
         """Log-prob of each token given the ones before it: [B, L-1] (position t scores token t+1).
         With `mask_BL`, only tokens where it is set are scored (0 elsewhere): the LM head and the
         softmax over the vocabulary then run on those positions alone, which is most of the cost of a
-        small model whose trained (sampled) tokens are a fraction of each sequence."""
+        small model whose trained (sampled) tokens are a fraction of each sequence. `routes_BLMK`: the
+        experts to replay (pad_routes)."""
         autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" else nullcontext()
+        if not self.config.replay_routes:
+            routes_BLMK = None
         if mask_BL is None:
             with autocast:
-                logits_BLV = self.model.forward_train(ids_BL)
+                logits_BLV = self.model.forward_train(ids_BL, routes_BLMK)
             logp_BTV = F.log_softmax(logits_BLV[:, :-1].float(), dim=-1)
             return logp_BTV.gather(-1, ids_BL[:, 1:, None]).squeeze(-1)
         sel_BT = mask_BL[:, 1:] > 0
         with autocast:
-            h_NC = self._hidden(ids_BL)[:, :-1][sel_BT]
+            h_NC = self._hidden(ids_BL, routes_BLMK)[:, :-1][sel_BT]
             m = self.model
             logits_NV = F.linear(h_NC, m.embed_tokens.weight) if m.lm_head is None else m.lm_head(h_NC)
         logp_NV = F.log_softmax(logits_NV.float(), dim=-1)
         lp_N = logp_NV.gather(-1, ids_BL[:, 1:][sel_BT][:, None]).squeeze(-1)
         return torch.zeros(sel_BT.shape, dtype=lp_N.dtype, device=lp_N.device).masked_scatter(sel_BT, lp_N)
 
-    def _hidden(self, ids_BL: torch.Tensor) -> torch.Tensor:
+    def _hidden(self, ids_BL: torch.Tensor, routes_BLMK: torch.Tensor | None = None) -> torch.Tensor:
         """Qwen3MoeModel.forward_train up to the final norm (the same operations, without the LM head)."""
         from serve.model.layers import Rotary
 
@@ -138,7 +166,7 @@ class Trainer:
         x_BLD = m.embed_tokens(ids_BL)
         cos_LC, sin_LC = m.rotary.cos_sin(torch.arange(ids_BL.shape[1], device=ids_BL.device), x_BLD.dtype)
         for layer in m.layers:
-            x_BLD = layer.forward_dense(x_BLD, cos_LC, sin_LC)
+            x_BLD = layer.forward_dense(x_BLD, cos_LC, sin_LC, routes_BLMK)
         return m.norm(x_BLD)
 
     @torch.no_grad()
@@ -146,8 +174,9 @@ class Trainer:
         """Per sample: the trainer's log-prob of tokens 1..n-1 (aligned with token_ids[1:])."""
         out: list[torch.Tensor | None] = [None] * len(samples)
         for group in micro_batches(samples, self.config.micro_batch_tokens):
-            ids, _, _ = pad([samples[i] for i in group], self.device)
-            lp = self._token_logprobs(ids).cpu()
+            mb = [samples[i] for i in group]
+            ids, _, _ = pad(mb, self.device)
+            lp = self._token_logprobs(ids, routes_BLMK=pad_routes(mb, self.device)).cpu()
             for row, i in enumerate(group):
                 out[i] = lp[row, : len(samples[i].token_ids) - 1]
         return out  # type: ignore[return-value]
@@ -169,6 +198,9 @@ class Trainer:
         stale_gaps: list[torch.Tensor] = []
         sums: dict[str, float] = {}
         loss_total = 0.0
+        moes = self.model.moe_layers()
+        for moe in moes:
+            moe.replay_counts = None
         for group in micro_batches(samples, self.config.micro_batch_tokens):
             mb = [samples[i] for i in group]
             loss, diff, mask_BT = self._micro_step(mb, [advantages[i] for i in group] if not sft else None,
@@ -192,6 +224,10 @@ class Trainer:
             out |= {"logprob_gap_max": float(fresh.max()), "logprob_gap_mean": float(fresh.mean())}
         if stale.numel():
             out |= {"stale_logprob_gap_mean": float(stale.mean())}
+        counts = [m.replay_counts for m in moes if m.replay_counts is not None]
+        if counts:  # per (token, MoE layer): replayed, and of those routed otherwise by this trainer
+            replayed, differ = (int(x) for x in torch.stack(counts).sum(0))
+            out |= {"routes_replayed": replayed, "routes_differ": differ}
         return out
 
     def _micro_step(self, mb: list[Sample], advantages: list[float] | None, total_tokens: int, n_seqs: int,
@@ -200,7 +236,7 @@ class Trainer:
         that the micro-batches sum to the batch's loss; adds its loss terms into `sums`. Returns the
         loss, |trainer - sampler| log-prob per token [B, T] and the trained-token mask [B, T]."""
         ids, mask, slp = pad(mb, self.device)
-        logp_BT = self._token_logprobs(ids, mask if self.score_trained_only else None)
+        logp_BT = self._token_logprobs(ids, mask if self.score_trained_only else None, pad_routes(mb, self.device))
         mask_BT, slp_BT = mask[:, 1:], slp[:, 1:]
         if advantages is None:
             loss = -(logp_BT * mask_BT).sum() / total_tokens

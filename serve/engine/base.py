@@ -31,6 +31,8 @@ class SamplingParams:
     """With logprobs: also the N most likely tokens at each step, with their logprobs."""
     grammar: Any = None
     """A serve.structured.Constraint: each step, only tokens its grammar allows may be sampled."""
+    return_routed_experts: bool = False
+    """Put the MoE experts of every token the model read on the last token (engines that can)."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -48,6 +50,8 @@ class GenToken:
     top: list[tuple[int, float]] | None = None  # (token id, logprob), most likely first
     policy_version: int = 0
     """The version of the weights that produced this token (a request's tokens all share one)."""
+    routed_experts: Any = None
+    """On a request's last token, when asked (SamplingParams.return_routed_experts): [T, M, K] experts."""
 
 
 @dataclass

@@ -29,6 +29,11 @@ class ModelRunner:
         # kernels/cpu_ext.py's module (CPU, where built): decode attention then reads the pages in place
         self.cpu_kernels = cpu_kernels
         self._slot_cache: dict[int, tuple[list[int], torch.Tensor]] = {}
+        # routing replay: per cache slot, the experts each MoE layer chose for the token there (a prefix-cache
+        # hit keeps the routes of the pass that computed its K/V, as it keeps the K/V)
+        moe = model.moe_layers()
+        self.routes = (torch.full((slots, len(moe), cfg.num_experts_per_tok), -1, dtype=torch.int16, device=device)
+                       if moe else None)
 
     @staticmethod
     def kv_bytes_per_token(model: Qwen3MoeModel, kv_dtype: torch.dtype) -> int:
@@ -48,6 +53,13 @@ class ModelRunner:
             blocks = list(table)
             self._slot_cache[seq.id] = (blocks, slots)
         return slots[:upto]
+
+    def routes_of(self, seq: Sequence) -> torch.Tensor | None:
+        """The experts of the sequence's computed tokens: [T, M, K] on the CPU."""
+        if self.routes is None:
+            return None
+        slots = self._slots(seq, seq.num_computed)
+        return self.routes.index_select(0, slots.to(self.device)).cpu()
 
     def forget(self, seq: Sequence) -> None:
         self._slot_cache.pop(seq.id, None)
@@ -78,7 +90,7 @@ class ModelRunner:
                 logits_rows.append(row + n - 1)
         dev = self.device
         meta = AttnMeta(slot_mapping_T=torch.cat(slot_map).to(dev), prefill=prefill,
-                        decode_rows_B=torch.tensor(decode_rows, dtype=torch.long, device=dev))
+                        decode_rows_B=torch.tensor(decode_rows, dtype=torch.long, device=dev), routes_SMK=self.routes)
         if self.cpu_kernels is not None:
             width = max((len(t) for t in decode_tables), default=0)
             meta.cpu_kernels, meta.block_size = self.cpu_kernels, self.block_size

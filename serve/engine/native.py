@@ -362,9 +362,12 @@ class NativeEngine(Engine):
                 continue
             token, logprob, top = pick
             seq.token_ids.append(token)
-            out.append((seq, GenToken(token, logprob, top, seq.policy_version)))
+            tok = GenToken(token, logprob, top, seq.policy_version)
+            out.append((seq, tok))
             if (token in seq.params.stop_token_ids or seq.num_generated >= seq.params.max_tokens
                     or len(seq) >= self.max_model_len or seq.cancelled.is_set()):
+                if seq.params.return_routed_experts and not seq.cancelled.is_set():  # before its blocks are freed
+                    tok.routed_experts = self.runner.routes_of(seq)
                 self._finish(seq)
                 out.append((seq, DONE))
         self._emit_many(out)

@@ -111,6 +111,8 @@ class AttnMeta:
     decode_tables_BN: torch.Tensor | None = None  # padded block tables of the decode sequences (kernel)
     decode_lens_B: torch.Tensor | None = None  # tokens each decode sequence attends to (kernel)
     block_size: int = 0
+    routes_SMK: torch.Tensor | None = None  # per cache slot, the experts each MoE layer sent its token to
+    """Written by every MoE layer at slot_mapping_T (routing replay: serve/routed_experts.py)."""
 
 
 def paged_attention(q_THC: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttnMeta,

@@ -112,17 +112,39 @@ class SparseMoE(nn.Module):
         self.w2: torch.Tensor | MXFP8Tensor = torch.empty(0)
         self.train_mxfp8 = False  # training: experts through the MXFP8 straight-through path
         self.cpu_kernels: ModuleType | None = None  # inference on a CPU: kernels/cpu_ext.py (pack_for_cpu)
+        self.index = 0  # among the model's MoE layers (the M of routes [T, M, K])
+        self.replay_counts: torch.Tensor | None = None  # [rows replayed, of those with other experts]
 
-    def forward(self, x_TD: torch.Tensor) -> torch.Tensor:
+    def forward(self, x_TD: torch.Tensor, replay_TK: torch.Tensor | None = None,
+                record: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """`replay_TK`: experts to use instead of the router's top-k (training on what the server routed;
+        rows with a -1 keep the router's own choice), weighted by the router's probabilities of those
+        experts, so the router still learns. `record` (routes_SMK, slots_T): store each token's experts."""
         logits_TE = self.gate(x_TD)
         probs_TE = torch.softmax(logits_TE, dim=-1, dtype=acc_dtype(logits_TE.dtype))
         weights_TK, ids_TK = torch.topk(probs_TE, self.top_k, dim=-1)
+        if replay_TK is not None:
+            ids_TK = self._replay(ids_TK, replay_TK.to(ids_TK.device))
+            weights_TK = probs_TE.gather(-1, ids_TK)
+        if record is not None:
+            routes_SMK, slots_T = record
+            routes_SMK[slots_T, self.index] = ids_TK.to(routes_SMK.dtype)
         if self.norm_topk:
             weights_TK = weights_TK / weights_TK.sum(dim=-1, keepdim=True)
         weights_TK = weights_TK.to(logits_TE.dtype)
         if self.train_mxfp8:
             return mxfp8_moe(x_TD, ids_TK, weights_TK, self.w13, self.w2)
         return moe_forward(x_TD, ids_TK, weights_TK, self.w13, self.w2, cpu_kernels=self.cpu_kernels)
+
+    def _replay(self, own_TK: torch.Tensor, replay_TK: torch.Tensor) -> torch.Tensor:
+        """The replayed experts where a row has them; counts rows replayed and rows whose expert set
+        differs from the router's own into `replay_counts` (the trainer reports them)."""
+        replay_TK = replay_TK.long()
+        has_T1 = (replay_TK >= 0).all(-1, keepdim=True)
+        differs_T = (own_TK.sort(-1).values != replay_TK.sort(-1).values).any(-1) & has_T1[:, 0]
+        n = torch.stack([has_T1.sum(), differs_T.sum()])
+        self.replay_counts = n if self.replay_counts is None else self.replay_counts + n
+        return torch.where(has_T1, replay_TK, own_TK)
 
 
 class DecoderLayer(nn.Module):
@@ -135,12 +157,19 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x_TD, cos_TC, sin_TC, k_cache, v_cache, meta: AttnMeta) -> torch.Tensor:
         x_TD = x_TD + self.self_attn(self.input_layernorm(x_TD), cos_TC, sin_TC, k_cache, v_cache, meta)
-        return x_TD + self.mlp(self.post_attention_layernorm(x_TD))
+        h_TD = self.post_attention_layernorm(x_TD)
+        if meta.routes_SMK is not None and isinstance(self.mlp, SparseMoE):
+            return x_TD + self.mlp(h_TD, record=(meta.routes_SMK, meta.slot_mapping_T))
+        return x_TD + self.mlp(h_TD)
 
-    def forward_dense(self, x_BLD, cos_LC, sin_LC) -> torch.Tensor:
+    def forward_dense(self, x_BLD, cos_LC, sin_LC, routes_BLMK: torch.Tensor | None = None) -> torch.Tensor:
+        """`routes_BLMK`: the experts to replay (see SparseMoE.forward), all MoE layers'."""
         x_BLD = x_BLD + self.self_attn.forward_dense(self.input_layernorm(x_BLD), cos_LC, sin_LC)
-        h_BLD = self.post_attention_layernorm(x_BLD)
-        return x_BLD + self.mlp(h_BLD.reshape(-1, h_BLD.shape[-1])).view_as(h_BLD)
+        h_TD = self.post_attention_layernorm(x_BLD).reshape(-1, x_BLD.shape[-1])
+        if routes_BLMK is not None and isinstance(self.mlp, SparseMoE):
+            replay_TK = routes_BLMK[:, :, self.mlp.index].reshape(h_TD.shape[0], -1)
+            return x_BLD + self.mlp(h_TD, replay_TK=replay_TK).view_as(x_BLD)
+        return x_BLD + self.mlp(h_TD).view_as(x_BLD)
 
 
 class Qwen3MoeModel(nn.Module):
@@ -152,6 +181,8 @@ class Qwen3MoeModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary: Rotary | None = None
+        for i, moe in enumerate(self.moe_layers()):
+            moe.index = i
 
     def moe_layers(self) -> list[SparseMoE]:
         return [layer.mlp for layer in self.layers if isinstance(layer.mlp, SparseMoE)]
@@ -170,15 +201,17 @@ class Qwen3MoeModel(nn.Module):
         logits = F.linear(h_BD, self.embed_tokens.weight) if self.lm_head is None else self.lm_head(h_BD)
         return logits.float()
 
-    def forward_train(self, input_ids_BL: torch.Tensor) -> torch.Tensor:
-        """Logits [B, L, V] (float32) of right-padded sequences that start at position 0; differentiable."""
+    def forward_train(self, input_ids_BL: torch.Tensor, routes_BLMK: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [B, L, V] (float32) of right-padded sequences that start at position 0; differentiable.
+        `routes_BLMK`: the experts the server routed each token to in each MoE layer, replayed (-1: none
+        recorded, the router decides)."""
         L = input_ids_BL.shape[1]
         if self.rotary is None:
             self.rotary = Rotary(self.cfg, input_ids_BL.device)
         x_BLD = self.embed_tokens(input_ids_BL)
         cos_LC, sin_LC = self.rotary.cos_sin(torch.arange(L, device=input_ids_BL.device), x_BLD.dtype)
         for layer in self.layers:
-            x_BLD = layer.forward_dense(x_BLD, cos_LC, sin_LC)
+            x_BLD = layer.forward_dense(x_BLD, cos_LC, sin_LC, routes_BLMK)
         h_BLD = self.norm(x_BLD)
         logits = F.linear(h_BLD, self.embed_tokens.weight) if self.lm_head is None else self.lm_head(h_BLD)
         return logits.float()

@@ -73,6 +73,9 @@ def check_token_records(data, ckpt: Path) -> list[dict]:
         # rebuild the prompt from the messages, and the ids prove it matches the server's.
         tools = data.meta["tools"] if rec["purpose"] == "turn" else None
         assert prompt == chat.render_ids(sent, tools)
+        # composer-serve's experts for every token read that the previous request did not already give
+        routes = rec["routed_experts"]
+        assert routes["start"] + routes["shape"][0] == len(prompt) + len(ids) - 1 and routes["shape"][1:] == [2, 2]
         answer = answer_of(data, rec)
         assert answer.strip() in chat.decode(ids)
         answers.append(answer)
@@ -110,6 +113,7 @@ def test_a_server_without_token_ids_is_a_configuration_error(git_repo):
     assert ("--record-tokens needs a server that returns token ids (composer-serve, or vLLM >= 0.10.2 with "
             f"return_token_ids); {srv.base_url} returned none") in p.stderr
     assert body["return_token_ids"] is True and body["logprobs"] is True and body["stream"] is True
+    assert body["return_routed_experts"] is True
 
 
 def test_off_by_default_nothing_is_asked_or_recorded(git_repo):
@@ -117,7 +121,7 @@ def test_off_by_default_nothing_is_asked_or_recorded(git_repo):
         p = run_agent(git_repo, "--task", "x", "--base-url", srv.base_url)
         bodies = srv.chat_requests()
     assert p.returncode == 0 and p.stdout.strip() == "plain", p.stderr
-    assert bodies and not any({"return_token_ids", "logprobs"} & set(b) for b in bodies)
+    assert bodies and not any({"return_token_ids", "logprobs", "return_routed_experts"} & set(b) for b in bodies)
     requests = [r for r in session_of(git_repo).records if r["type"] == "request"]
     assert requests and not any(TOKEN_KEYS & set(r) for r in requests)
 
@@ -215,3 +219,19 @@ def test_an_interrupted_turn_keeps_the_tokens_that_arrived():
     assert e.value.kind == "interrupted"
     t = e.value.partial.tokens
     assert (t.prompt_token_ids, t.completion_token_ids, t.completion_logprobs) == ([1, 2], [10, 11], [-0.5, -0.25])
+
+
+def test_routes_are_kept_from_a_position_on_and_malformed_ones_dropped():
+    import base64
+
+    from agent.client import routes_from
+
+    rows = bytes(range(24))  # 6 tokens x 2 layers x 2 experts, uint8
+    routes = {"start": 0, "shape": [6, 2, 2], "dtype": "uint8", "data": base64.b64encode(rows).decode()}
+    kept = routes_from(routes, 4)
+    assert kept["start"] == 4 and kept["shape"] == [2, 2, 2] and base64.b64decode(kept["data"]) == rows[16:]
+    assert routes_from(routes, 0) == routes
+    assert routes_from(routes | {"shape": [7, 2, 2]}, 0) is None  # the data does not fill the shape
+    assert routes_from(routes | {"data": "not base64!"}, 0) is None
+    assert routes_from(routes | {"dtype": "float32"}, 0) is None
+    assert routes_from(routes, 7) is None

@@ -16,7 +16,7 @@ from agent.runtime import build
 from agent.session import load
 from agent.tools import default_registry
 from serve.chat_format import ChatFormat
-from tests.train.token_server import TokenScriptServer
+from tests.train.token_server import TokenScriptServer, fake_route
 from train.samples import build_samples, check_rendering, token_requests
 
 
@@ -31,7 +31,8 @@ SUMMARY = "## Goal\nExplain a.py.\n## Done\nRead a.py and b.py.<|im_end|>"
 TURN3 = "a.py defines add(), which returns the sum.<|im_end|>"
 
 
-def test_episode_is_token_exact_and_masks_only_sampled_tokens(tiny, git_repo):
+def run_scripted_episode(tiny, git_repo, routes: bool = False):
+    """The episode above through the real harness; returns (session data, registry, completions, finished)."""
     (git_repo / "b.py").write_text("B = 1\n")
     (git_repo / "a.py").write_text("".join(f"def add{i}(a, b):\n    return a + b + {i}\n\n" for i in range(60)))
     chat = ChatFormat(tiny)
@@ -41,16 +42,21 @@ def test_episode_is_token_exact_and_masks_only_sampled_tokens(tiny, git_repo):
                              registry.specs()))
     c1 = len(chat.encode(TURN1))
     window = int((p1 + c1 + 250) / 0.8)  # crossed only once a.py's content is in the context
-    with TokenScriptServer(tiny, [TURN1, TURN2, TURN3], [SUMMARY]) as srv:
+    with TokenScriptServer(tiny, [TURN1, TURN2, TURN3], [SUMMARY], routes=routes) as srv:
         config = Config(base_url=srv.base_url, model="scripted", record_tokens=True, context_window=window,
                         approval="auto", max_turns=6)
         rt = build(config, git_repo, emit=lambda e: None, approve=Approvals("auto"))
         finished = rt.agent.run("explain a.py", rt.system)
         rt.session.close()
         completions = srv.completions
+    return load(rt.session.path), registry, completions, finished
+
+
+def test_episode_is_token_exact_and_masks_only_sampled_tokens(tiny, git_repo):
+    chat = ChatFormat(tiny)
+    data, registry, completions, finished = run_scripted_episode(tiny, git_repo)
     assert finished.status == "completed", finished
     assert finished.final_text.startswith("a.py defines add()")
-    data = load(rt.session.path)
     requests = token_requests(data)
     assert [r.get("purpose") for r, _ in requests] == ["turn", "turn", "summary", "turn"]
 
@@ -83,3 +89,24 @@ def test_episode_is_token_exact_and_masks_only_sampled_tokens(tiny, git_repo):
     s0 = samples[0]
     p2 = requests[1][0]["prompt_token_ids"]
     assert s0.token_ids[: len(p2)] == p2 and s0.token_ids[len(p2):] == completions[1]
+    assert all(s.routes is None for s in samples)  # this server sends no routed experts
+
+
+def test_routed_experts_are_recorded_once_and_line_up_with_the_tokens(tiny, git_repo):
+    """Each request's record keeps the routes its prompt does not share with the request before it, and
+    the samples carry, at every position, the experts the server gave for that very token."""
+    data, registry, _, finished = run_scripted_episode(tiny, git_repo, routes=True)
+    assert finished.status == "completed", finished
+    records = [r for r, _ in token_requests(data)]
+    starts = [r["routed_experts"]["start"] for r in records]
+    first_read = len(records[0]["prompt_token_ids"]) + len(records[0]["completion_token_ids"]) - 1
+    assert starts == [0, first_read, 0, 0]  # turn 2 continues turn 1; the summary and after start again
+    for r in records:
+        shape = r["routed_experts"]["shape"]
+        assert r["routed_experts"]["start"] + shape[0] == len(r["prompt_token_ids"]) + len(r["completion_token_ids"]) - 1
+    samples = build_samples(data, chat=ChatFormat(tiny), spec_hash=registry.spec_hash())
+    assert [s.requests for s in samples] == [2, 1, 1]
+    for s in samples:
+        assert s.routes.shape == (len(s.token_ids), 2, 2)
+        assert s.routes[:-1].tolist() == [fake_route(t) for t in s.token_ids[:-1]]
+        assert (s.routes[-1] == -1).all()  # the last sampled token was never read by the model

@@ -3,6 +3,7 @@ resume that continues bit for bit, and an export transformers loads."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -35,6 +36,11 @@ def test_trainer_logprobs_equal_sampler_logprobs(tiny, tmp_path, mxfp8):
         assert (served / "composer_policy.json").exists()
     samples = rollout_samples(served, ws)
     assert sum(s.sampled_tokens for s in samples) > 20
+    for s in samples:  # the server's experts for every token it read: all but the last sampled one
+        assert s.routes.shape == (len(s.token_ids), 2, 2)
+        assert (s.routes[:-1] >= 0).all() and (s.routes[-1] == -1).all()
+    # With them replayed, a near-tied router choice that rounds the other way here (another CPU, other
+    # kernels) cannot move the log-probs: one flip moves every later token's by ~1e-4.
     trainer = Trainer(served, TrainerConfig(mxfp8_experts=mxfp8))
     for s, lp in zip(samples, trainer.logprobs(samples), strict=True):
         m = torch.tensor(s.mask[1:]) > 0
@@ -42,6 +48,41 @@ def test_trainer_logprobs_equal_sampler_logprobs(tiny, tmp_path, mxfp8):
         assert float(gap.max()) <= 1e-4, float(gap.max())
     m = trainer.step(samples, [1.0, -1.0] * (len(samples) // 2) + [0.5] * (len(samples) % 2))
     assert m["logprob_gap_max"] <= 1e-4 and trainer.policy_version == 1
+    assert m["routes_replayed"] == sum(2 * (len(s.token_ids) - 1) for s in samples)
+    assert m["routes_differ"] <= 2  # at equal weights the trainer's own choice is the server's but for ties
+
+
+def test_replayed_routes_act_at_their_own_position_only(tiny):
+    """Experts given for one token change the log-probs from that position on and none before it; with
+    replay off they change nothing."""
+    samples = fixed_samples(tiny)[:1]
+    s = samples[0]
+    t = len(s.token_ids) // 2
+    base = Trainer(tiny, TrainerConfig(mxfp8_experts=False)).logprobs(samples)[0]
+    own = routes_at(tiny, s.token_ids)
+    s.routes = np.full((len(s.token_ids), 2, 2), -1, dtype=np.int16)
+    s.routes[t, 0] = [e for e in range(8) if e not in own[t, 0]][:2]  # two experts the router did not pick
+    replayed = Trainer(tiny, TrainerConfig(mxfp8_experts=False)).logprobs(samples)[0]
+    assert torch.equal(replayed[:t], base[:t])  # lp[j] scores token j+1 from positions <= j
+    assert (replayed[t:] - base[t:]).abs().min() > 0
+    off = Trainer(tiny, TrainerConfig(mxfp8_experts=False, replay_routes=False)).logprobs(samples)[0]
+    assert torch.equal(off, base)
+    s.routes = np.concatenate([own.numpy().astype(np.int16)])  # the router's own choice: nothing changes
+    same = Trainer(tiny, TrainerConfig(mxfp8_experts=False)).logprobs(samples)[0]
+    assert torch.allclose(same, base, atol=1e-6)
+
+
+def routes_at(model_dir, ids: list[int]) -> torch.Tensor:
+    """The trainer's own top-k experts [T, M, K] for `ids`."""
+    trainer = Trainer(model_dir, TrainerConfig(mxfp8_experts=False))
+    picked = []
+    hooks = [moe.gate.register_forward_hook(lambda mod, inp, out: picked.append(out.softmax(-1).topk(2).indices))
+             for moe in trainer.model.moe_layers()]
+    with torch.no_grad():
+        trainer.model.forward_train(torch.tensor([ids]))
+    for h in hooks:
+        h.remove()
+    return torch.stack(picked, 1)
 
 
 def fixed_samples(tiny):
