@@ -48,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="where episodes run: threads here, a local process pool, or Ray actors (composer[ray]; "
                     "RAY_ADDRESS joins a cluster); see docs/scaling.md")
     rl.add_argument("--api-key", help="the --base-url server's key")
+    rl.add_argument("--vary-environment", action="store_true",
+                    help="run each episode in another folder shape, git state and date (as the tiny recipe does)")
     rl.add_argument("--fsdp", action="store_true", help="train with FSDP2 across the ranks of `torchrun "
                     "--nproc-per-node N -m train.cli rl --fsdp ...` (rank 0 runs rollouts and weight sync)")
     rl.add_argument("--resume", action="store_true", help="continue from the run folder's last checkpoint")
@@ -107,8 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--skip-rl", dest="skip_rl", action="store_true", default=None, help="stop after SFT")
     rec.add_argument("--concurrency", type=int, help="episodes at once when recording and evaluating")
     rec.add_argument("--same-environment", dest="vary_environment", action="store_false", default=None,
-                     help="record the expert data in one kind of folder, outside git, on today's date "
-                          "(default: varied, so the model learns to ignore them)")
+                     help="record the expert data and run the RL episodes in one kind of folder, outside git, "
+                          "on today's date (default: varied, so the model learns to ignore them)")
 
     chk = sub.add_parser("check", help="verify a trajectory is token-exact for a model; report the log-prob gap")
     chk.add_argument("session", help="session JSONL recorded with --record-tokens")
@@ -152,7 +154,7 @@ def _rl(args) -> int:
     cfg = RLConfig(steps=args.steps, group_size=args.group_size, groups_per_step=args.groups_per_step,
                    max_staleness=args.max_staleness, workers=args.workers, seed=args.seed,
                    save_every=args.save_every, temperature=args.temperature, max_output_tokens=args.max_output_tokens,
-                   backend=args.backend)
+                   backend=args.backend, vary_environment=args.vary_environment)
     trainer = TrainerConfig(lr=args.lr, seed=args.seed, mxfp8_experts=not args.no_mxfp8)
     leader = None
     if args.fsdp:

@@ -91,8 +91,9 @@ class TinyRecipe:
     init: str | None = None
     """Start from this checkpoint (same tokenizer) instead of a random model."""
     vary_environment: bool = True
-    """Record the expert data (and the tokenizer's corpus) in varied folders, git states and dates
-    (agent/tasks/variation.py), so the model does not tie its answers to one workspace path or day."""
+    """Record the expert data (and the tokenizer's corpus) and run the RL episodes in varied folders, git
+    states and dates (agent/tasks/variation.py), so the model does not tie its answers to one workspace
+    path or day."""
 
     @classmethod
     def smoke(cls, **kw: Any) -> TinyRecipe:
@@ -616,6 +617,7 @@ def _rl(sft_dir: Path, rl_dir: Path, r: TinyRecipe, served: Served) -> None:
         save_every=max(r.rl_steps, 1),
         temperature=1.0,
         max_output_tokens=r.max_output_tokens,
+        vary_environment=r.vary_environment,
     )
     tasks = _limit_turns(
         [t for t in train_tasks(r, sizes=r.rl_sizes) if not r.model_families or t.family in r.model_families],

@@ -60,6 +60,8 @@ class RLConfig:
     """max_tokens of each model request."""
     server_args: list[str] = field(default_factory=lambda: ["--dtype", "float32"])
     """Extra composer-serve flags when the run launches its own server."""
+    vary_environment: bool = False
+    """Each episode in another folder shape, git state and date (train/rollout.py)."""
     backend: str = "threads"
     """Where episodes run: threads (this process), processes (a local pool) or ray (actors on a Ray
     cluster); see train/distributed/rollouts.py."""
@@ -115,18 +117,18 @@ class Rollouts:
                     self.cond.wait(0.5)
                 self.started[k] = time.monotonic()
             for g, task in enumerate(tasks_for_batch(self.tasks, k, self.cfg.groups_per_step, self.cfg.seed)):
-                for _ in range(self.cfg.group_size):
-                    self.jobs.put((k, g, task))
+                for i in range(self.cfg.group_size):
+                    self.jobs.put((k, g, i, task))
             k += 1
 
     def _work(self) -> None:
         while not self.stop.is_set():
             try:
-                k, g, task = self.jobs.get(timeout=0.5)
+                k, g, i, task = self.jobs.get(timeout=0.5)
             except queue.Empty:
                 continue
             ep = run_episode(task, g, self.rollout, self.reward_fn, keep_dir=self.out / "trajectories" / f"batch-{k}",
-                             spec_hash=self.spec_hash)
+                             spec_hash=self.spec_hash, variation_key=f"{task.id}/{k}-{g}-{i}")  # as train/distributed/worker.py
             with self.cond:
                 self.done.setdefault(k, []).append(ep)
                 if len(self.done[k]) == self.cfg.group_size * self.cfg.groups_per_step:
@@ -223,7 +225,8 @@ def run(model_dir: str | Path, tasks: list[Task], out: str | Path, cfg: RLConfig
                   else launch(serve_from, *cfg.server_args, name=served_name, log_path=out / "server.log"))
     if base_url and server.version() != trainer.policy_version:
         server.load_weights(serve_from, trainer.policy_version)
-    rollout = RolloutConfig(server.base_url, server.model, server.api_key, cfg.temperature, cfg.max_output_tokens)
+    rollout = RolloutConfig(server.base_url, server.model, server.api_key, cfg.temperature, cfg.max_output_tokens,
+                            vary_environment=cfg.vary_environment)
     spec_hash = default_registry().spec_hash()
     (out / "config.json").write_text(json.dumps({"rl": asdict(cfg), "trainer": asdict(trainer.config),
                                                  "loss": asdict(loss), "reward": asdict(reward or RewardConfig()),

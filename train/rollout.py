@@ -16,6 +16,7 @@ from typing import Any
 
 from agent.config import Config
 from agent.tasks import Task, runner
+from agent.tasks.variation import draw
 from train.rewards import EpisodeStats, compose, episode_stats
 from train.samples import Sample, TrajectoryError, build_samples
 
@@ -60,16 +61,23 @@ class RolloutConfig:
     request_timeout_s: float = 600.0
     sandbox: bool | None = None
     """Shell commands under bubblewrap (default: when it is installed)."""
+    vary_environment: bool = False
+    """Each episode in another folder shape, git state and date (agent/tasks/variation.py), drawn from
+    its `variation_key`: what the tiny recipe's SFT data had, so RL does not narrow the model back to one
+    workspace."""
 
 
 def run_episode(task: Task, group: int, cfg: RolloutConfig, reward_fn=None, *, keep_dir: Path | None = None,
-                spec_hash: str | None = None) -> Episode:
-    """Run `task` once through agent.tasks.runner (the session file is copied into `keep_dir`)."""
+                spec_hash: str | None = None, variation_key: str | None = None) -> Episode:
+    """Run `task` once through agent.tasks.runner (the session file is copied into `keep_dir`). With
+    cfg.vary_environment, `variation_key` (default: the task and group) picks the environment."""
     reward_fn = reward_fn or compose_default()
     config = Config(base_url=cfg.base_url, model=cfg.model, api_key=cfg.api_key, temperature=cfg.temperature,
                     max_output_tokens=cfg.max_output_tokens, record_tokens=True, context_window=cfg.context_window,
                     request_timeout_s=cfg.request_timeout_s, max_retries=2)
-    res = runner.run_episode(task, config, keep_dir=keep_dir, label=str(group), sandbox=cfg.sandbox)
+    variation = draw(variation_key or f"{task.id}/{group}") if cfg.vary_environment else None
+    res = runner.run_episode(task, config, keep_dir=keep_dir, label=str(group), sandbox=cfg.sandbox,
+                             variation=variation)
     ep = Episode(task.id, group, res.status, passed=res.passed, infra_error=res.infra_error,
                  session_path=res.session_path, duration_s=res.duration_s, verify_s=res.verify_s)
     data = res.session

@@ -32,3 +32,26 @@ def test_expert_data_is_one_append_only_sample_per_episode_and_trains(tiny, tmp_
                         "--out", str(tmp_path / "sft"), "--batch", "2"], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "sft" / "composer_policy.json").exists()
+
+
+def test_rl_rollouts_run_in_the_environment_drawn_for_them(tiny, tmp_path):
+    """RL episodes (train/rollout.py) with vary_environment: the system prompt names the drawn folder,
+    date and git state, the expert still solves the task, and the episode still trains (samples)."""
+    from agent.tasks.families import generate
+    from agent.tasks.variation import draw
+    from train.expert_data import ExpertTokenServer
+    from train.rollout import RolloutConfig, run_episode
+
+    task = generate("bugfix", 7, "small")
+    key = next(f"k{i}" for i in range(100) if draw(f"k{i}").branch and draw(f"k{i}").dirs)
+    with ExpertTokenServer(tiny, [task]) as srv:
+        cfg = RolloutConfig(srv.base_url, "expert", vary_environment=True, sandbox=False)
+        ep = run_episode(task, 0, cfg, variation_key=key, keep_dir=tmp_path / "varied")
+        plain = run_episode(task, 0, RolloutConfig(srv.base_url, "expert", sandbox=False), keep_dir=tmp_path / "plain")
+    assert ep.infra_error is None and ep.passed and ep.samples
+    v = draw(key)
+    system = load(ep.session_path).records[1]["message"]["content"]
+    assert f"- Date: {v.date}" in system and f"- Git repository, branch {v.branch}." in system
+    assert f"/{'/'.join(v.dirs)}/{v.name}\n" in system
+    plain_system = load(plain.session_path).records[1]["message"]["content"]
+    assert plain.passed and "- Not a git repository." in plain_system and v.date not in plain_system

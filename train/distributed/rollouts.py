@@ -81,7 +81,6 @@ class DistributedRollouts(Rollouts):
         self.assigned: dict[int, tuple[Job, str]] = {}
         self.recorded: set[str] = set()
         self.pending: deque[Job] = deque()
-        self.counts: dict[tuple[int, int], int] = {}
         for w in range(cfg.workers):
             self.backend.start(w)
         self.error: BaseException | None = None
@@ -111,11 +110,9 @@ class DistributedRollouts(Rollouts):
     def _take_jobs(self) -> None:
         while True:
             try:
-                k, g, task = self.jobs.get(timeout=0.05 if not self.assigned and not self.pending else 0)
+                k, g, i, task = self.jobs.get(timeout=0.05 if not self.assigned and not self.pending else 0)
             except queue.Empty:
                 return
-            i = self.counts.get((k, g), 0)
-            self.counts[(k, g)] = i + 1
             self.pending.append(Job(k, g, i, task))
 
     def _feed(self) -> None:

@@ -52,7 +52,8 @@ def run_job(spec: WorkerSpec, job: Job, base_url: str, reward_fn=None) -> Episod
     cfg = replace(spec.rollout, base_url=base_url)
     keep = Path(spec.out) / "trajectories" / f"batch-{job.batch}"
     return run_episode(
-        job.task, job.group, cfg, reward_fn or compose(spec.reward), keep_dir=keep, spec_hash=spec.spec_hash
+        job.task, job.group, cfg, reward_fn or compose(spec.reward), keep_dir=keep, spec_hash=spec.spec_hash,
+        variation_key=f"{job.task.id}/{job.key}",
     )
 
 
