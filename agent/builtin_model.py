@@ -42,10 +42,6 @@ NOTICE = (
 )
 PR_SET_PDEATHSIG = 1
 BUILTIN_MAX_TOKENS = 96  # per turn, as in its evaluation (its turns are a few dozen tokens)
-# float64: a 2.8M model's greedy choice can hinge on logits closer than float32 rounding, which differs
-# between CPUs (vector width, library kernels, thread count); in float64 every machine picks the same
-# token, so the demo and the published figures reproduce. The model is small enough not to notice the cost.
-BUILTIN_SERVE_ARGS = ("--dtype", "float64")
 
 
 class BuiltinModelError(Exception):
@@ -253,7 +249,7 @@ def start_builtin(*, out: TextIO | None = None, timeout_s: float = 600.0) -> Loc
             "point composer-agent at a server with --base-url URL"
         )
     print(NOTICE, file=out, flush=True)
-    server = launch(model_dir, extra_args=BUILTIN_SERVE_ARGS)
+    server = launch(model_dir)
     try:
         wait_ready(server, timeout_s=timeout_s, status=out)
     except BaseException:  # Ctrl-C or a failure while loading: never leave the child behind

@@ -32,10 +32,10 @@ ENVIRONMENTS = [  # folders of the shapes users and test runners make, on dates 
 def run(model_dir: str, family: str, seeds: list[int], envs: list[tuple[str, str]]) -> dict[int, list[bool]]:
     from agent import demo
     from agent.approval import Approvals
-    from agent.builtin_model import BUILTIN_SERVE_ARGS, launch, wait_ready
+    from agent.builtin_model import launch, wait_ready
     from agent.runtime import build
 
-    server = launch(Path(model_dir), extra_args=BUILTIN_SERVE_ARGS)
+    server = launch(Path(model_dir), extra_args=("--dtype", "float64"))  # as the built-in model asks
     results: dict[int, list[bool]] = {}
     try:
         wait_ready(server)

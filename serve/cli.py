@@ -11,6 +11,7 @@ Binds to loopback unless --host says otherwise. Prints one line when ready:
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import socket
@@ -20,6 +21,17 @@ from pathlib import Path
 BUILTIN_NAME = "composer-tiny"
 # COMPOSER_BUILTIN_MODEL overrides the folder (tests, packagers); composer-agent reads the same variable.
 BUILTIN_DIR = Path(__file__).parent / "builtin" / BUILTIN_NAME
+DTYPES = ("bfloat16", "float32", "float64")
+
+
+def preferred_dtype(model_dir: Path) -> str | None:
+    """The dtype a checkpoint asks to be served in (`serve_dtype` in composer_policy.json), if any: the
+    built-in model says float64, so that its greedy answers are the same on every CPU."""
+    try:
+        dtype = json.loads((model_dir / "composer_policy.json").read_text()).get("serve_dtype")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return dtype if dtype in DTYPES else None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,9 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", choices=["native", "hf", "vllm"], default="native",
                    help="native: our MoE engine (default); hf: transformers reference, one request at a time; "
                         "vllm: launch vLLM (GPU boxes) and proxy to it")
-    p.add_argument("--dtype", choices=["auto", "bfloat16", "float32", "float64"], default="auto",
-                   help="weights and activations (auto: bfloat16 on GPU, float32 on CPU; float64: greedy "
-                        "output the same on every CPU, for small models such as the built-in one)")
+    p.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
+                   help="weights and activations (auto: the checkpoint's serve_dtype in composer_policy.json if "
+                        "it names one, else bfloat16 on GPU, float32 on CPU; float64: greedy output the same on "
+                        "every CPU, for small models such as the built-in one, which asks for it)")
     p.add_argument("--quant", choices=["auto", "none", "mxfp8"], default="auto",
                    help="expert weights (auto: mxfp8 on GPU, none on CPU; checkpoints stored in MXFP8 load as is)")
     p.add_argument("--served-model-name", help="name clients use (default: --model as given)")
@@ -80,8 +93,6 @@ def _main(argv: list[str] | None = None) -> int:
     if args.model is None:
         args.model = os.environ.get("COMPOSER_BUILTIN_MODEL") or str(BUILTIN_DIR)
         args.served_model_name = args.served_model_name or BUILTIN_NAME
-        if args.dtype == "auto":  # as composer-agent serves it: the same greedy answers on every CPU
-            args.dtype = "float64"
         if not (Path(args.model) / "config.json").is_file():
             print(f"composer-serve: error: the built-in model is not installed at {args.model}; "
                   "give --model PATH", file=sys.stderr)
@@ -93,6 +104,8 @@ def _main(argv: list[str] | None = None) -> int:
     if not (model_dir / "config.json").is_file():
         print(f"composer-serve: error: {args.model} is not a checkpoint folder (no config.json)", file=sys.stderr)
         return 2
+    if args.dtype == "auto":
+        args.dtype = preferred_dtype(model_dir) or "auto"
     served = args.served_model_name or args.model
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

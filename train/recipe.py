@@ -654,13 +654,20 @@ def reward_config(r: TinyRecipe):
 
 
 def export_serving(src: Path, dst: Path) -> Path:
-    """The serving folder without training state (what ships)."""
+    """The serving folder without training state (what ships). It asks to be served in float64
+    (`serve_dtype`, read by composer-serve's --dtype auto): a model this small meets greedy choices
+    closer than float32 rounding, which differs between CPUs (vector width, library kernels, thread
+    count); in float64 every machine picks the same token, so the demo and the published figures
+    reproduce, and the model is small enough not to notice the cost."""
     tmp = dst.with_name(dst.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     for name in EXPORT_FILES:
         if (src / name).exists():
             shutil.copy(src / name, tmp / name)
+    policy = tmp / "composer_policy.json"
+    if policy.exists():
+        policy.write_text(json.dumps({**json.loads(policy.read_text()), "serve_dtype": "float64"}, indent=2))
     if dst.exists():
         shutil.rmtree(dst)
     os.replace(tmp, dst)

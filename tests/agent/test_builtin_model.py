@@ -318,18 +318,29 @@ def test_the_full_screen_interface_with_no_endpoint_connects_to_the_builtin_and_
 # -- how it is served ---------------------------------------------------------------------------------
 
 
-def test_the_builtin_model_is_served_in_float64_by_the_agent_and_by_composer_serve(checkpoint, monkeypatch):
-    """float64 so that greedy answers do not hinge on a CPU's float32 rounding: both ways of serving it
-    (composer-agent's child, composer-serve with no --model) say so in their ready line."""
+def test_the_builtin_model_is_served_in_the_dtype_it_asks_for(checkpoint, tmp_path, monkeypatch):
+    """The shipped model asks for float64 (composer_policy.json serve_dtype), so that greedy answers do
+    not hinge on a CPU's float32 rounding; both ways of serving it (composer-agent's child, composer-serve
+    with no --model) honour it, and a checkpoint that asks for nothing is served as before (float32)."""
     import io
+    import json
+    import shutil
 
     from agent.builtin_model import start_builtin
+    from serve.cli import BUILTIN_DIR
 
-    monkeypatch.setenv("COMPOSER_BUILTIN_MODEL", str(checkpoint))
-    with start_builtin(out=io.StringIO()) as server:
-        ready = "".join(server._stdout)
-    assert "torch.float64" in ready and "CPU kernels not built" not in ready, ready
-    assert gone(checkpoint)
+    assert json.loads((BUILTIN_DIR / "composer_policy.json").read_text())["serve_dtype"] == "float64"
+    asks = tmp_path / "composer-tiny"
+    shutil.copytree(checkpoint, asks)
+    (asks / "composer_policy.json").write_text(json.dumps({"policy_version": 0, "serve_dtype": "float64"}))
+    for model, dtype in ((asks, "float64"), (checkpoint, "float32")):
+        monkeypatch.setenv("COMPOSER_BUILTIN_MODEL", str(model))
+        with start_builtin(out=io.StringIO()) as server:
+            ready = "".join(server._stdout)
+        assert f"torch.{dtype}" in ready, ready
+        assert dtype != "float64" or "CPU kernels not built" not in ready  # float64 runs torch's paths
+        assert gone(model)
+    monkeypatch.setenv("COMPOSER_BUILTIN_MODEL", str(asks))
     p = subprocess.Popen([str(BIN / "composer-serve"), "--port", "0"], stdout=subprocess.PIPE, text=True,
                          env={**os.environ, "COMPOSER_KERNEL_BUILD": "0"})
     try:
