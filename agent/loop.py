@@ -252,7 +252,6 @@ class Agent:
         self._recorded = t.prompt_token_ids + t.completion_token_ids
         return out
 
-
     def _summarize(self) -> None:
         before = self._context_used()
         request = summary_request(self.messages, self.window)

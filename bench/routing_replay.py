@@ -50,10 +50,8 @@ def gaps(model: Path, samples, replay: bool) -> dict:
 
     mxfp8 = read_policy(model).get("experts") == "mxfp8"
     trainer = Trainer(model, TrainerConfig(mxfp8_experts=mxfp8, replay_routes=replay))
-    for moe in trainer.model.moe_layers():
-        moe.replay_counts = None
-    own: list[torch.Tensor] = []
-    hooks = [moe.gate.register_forward_hook(lambda m, i, out: own.append(out.softmax(-1).topk(2).indices))
+    own: list[torch.Tensor] = []  # the router's own top-k per MoE layer, however the forward then routes
+    hooks = [moe.gate.register_forward_hook(lambda m, i, out, k=moe.top_k: own.append(out.softmax(-1).topk(k).indices))
              for moe in trainer.model.moe_layers()]
     diffs, differ, routed = [], 0, 0
     for s in samples:

@@ -11,7 +11,6 @@ Binds to loopback unless --host says otherwise. Prints one line when ready:
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import socket
@@ -22,16 +21,6 @@ BUILTIN_NAME = "composer-tiny"
 # COMPOSER_BUILTIN_MODEL overrides the folder (tests, packagers); composer-agent reads the same variable.
 BUILTIN_DIR = Path(__file__).parent / "builtin" / BUILTIN_NAME
 DTYPES = ("bfloat16", "float32", "float64")
-
-
-def preferred_dtype(model_dir: Path) -> str | None:
-    """The dtype a checkpoint asks to be served in (`serve_dtype` in composer_policy.json), if any: the
-    built-in model says float64, so that its greedy answers are the same on every CPU."""
-    try:
-        dtype = json.loads((model_dir / "composer_policy.json").read_text()).get("serve_dtype")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return dtype if dtype in DTYPES else None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -105,7 +94,9 @@ def _main(argv: list[str] | None = None) -> int:
         print(f"composer-serve: error: {args.model} is not a checkpoint folder (no config.json)", file=sys.stderr)
         return 2
     if args.dtype == "auto":
-        args.dtype = preferred_dtype(model_dir) or "auto"
+        from serve.engine.weights import read_serve_dtype
+
+        args.dtype = read_serve_dtype(model_dir, DTYPES) or "auto"
     served = args.served_model_name or args.model
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -27,12 +27,12 @@ from typing import Any
 import torch
 
 from kernels import MXFP8Tensor
+from serve.engine.weights import POLICY_FILE
 from serve.model.loader import save_mxfp8_experts
 from serve.model.qwen3_moe import Qwen3MoeModel, SparseMoE
 
 COPIED = ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json",
           "special_tokens_map.json")
-POLICY_FILE = "composer_policy.json"
 
 
 def template_hash(model_dir: str | Path) -> str:

@@ -59,6 +59,17 @@ class WeightsLoaded:
     """Sequences (choices) aborted."""
 
 
+def read_serve_dtype(model_dir: str | Path, allowed: tuple[str, ...]) -> str | None:
+    """The dtype a checkpoint asks to be served in (`serve_dtype` in composer_policy.json) if it is one of
+    `allowed`, else None: the built-in model asks for float64, so that its greedy answers are the same on
+    every CPU (train/recipe.py export_serving writes it)."""
+    try:
+        dtype = json.loads((Path(model_dir) / POLICY_FILE).read_text()).get("serve_dtype")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return dtype if dtype in allowed else None
+
+
 def read_policy_version(model_dir: str | Path) -> int | None:
     """The `policy_version` of a checkpoint's composer_policy.json (other keys ignored), None without one."""
     path = Path(model_dir) / POLICY_FILE
