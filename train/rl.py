@@ -35,7 +35,7 @@ from train.checkpoint import read_policy
 from train.progress import Progress
 from train.rewards import RewardConfig, compose
 from train.rollout import Episode, RolloutConfig, describe, run_episode
-from train.server import Server, launch
+from train.server import Server, cpu_share, is_loopback, launch
 from train.trainer import Trainer, TrainerConfig
 
 
@@ -242,6 +242,9 @@ def run(model_dir: str | Path, tasks: list[Task], out: str | Path, cfg: RLConfig
                                        backend="processes" if cfg.backend == "threads" else cfg.backend)
     progress = progress or Progress(cfg.steps, first)
     history: list[dict] = []
+    threads = torch.get_num_threads()
+    if trainer.device.type == "cpu" and all(is_loopback(u) for u in urls) and (share := cpu_share()):
+        torch.set_num_threads(share)  # the sampler on this machine has the other half (launch)
     try:
         for step in range(first, cfg.steps):
             t_wait = time.monotonic()
@@ -275,6 +278,7 @@ def run(model_dir: str | Path, tasks: list[Task], out: str | Path, cfg: RLConfig
                 f.write(json.dumps(m) + "\n")
             progress.update(m)
     finally:
+        torch.set_num_threads(threads)
         rollouts.close()
         progress.close()
         if not base_url:

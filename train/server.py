@@ -16,6 +16,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
 import httpx
 
@@ -60,12 +61,38 @@ class Server:
                 self.proc.kill()
 
 
+def cpu_share() -> int | None:
+    """Torch threads for each side when a run's sampler and trainer share this machine's CPU cores: half
+    the cores each (at least 1). Two OpenMP pools that each take every core spin against each other: on
+    2 cores an RL step of the tiny recipe took 60 s to train and 120 s to roll out, against 10 s and 49 s
+    split 1 + 1 (BENCHMARKS, "Sharing the CPU"). None (leave torch's choice) with a GPU, or when
+    OMP_NUM_THREADS is set: the user's choice stands."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return None
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // 2)
+
+
+def is_loopback(url: str) -> bool:
+    """Whether `url` names this machine (its server shares our cores)."""
+    host = urlparse(url).hostname or ""
+    return host == "localhost" or host == "::1" or host.startswith("127.")
+
+
 def launch(model_dir: str | Path, *extra: str, name: str = "policy", timeout: float = 300.0,
-           log_path: Path | None = None) -> Server:
-    """Start `composer-serve` on a free loopback port with a fresh API key; wait until it answers."""
+           log_path: Path | None = None, threads: int | None = None) -> Server:
+    """Start `composer-serve` on a free loopback port with a fresh API key; wait until it answers. It
+    shares this machine with us (trainer, rollouts, verifiers): on CPU it gets `threads` torch threads,
+    by default cpu_share()."""
     key = "sk-train-" + secrets.token_hex(12)
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    if threads := threads or cpu_share():
+        env["OMP_NUM_THREADS"] = str(threads)
     cmd = [sys.executable, "-m", "serve.cli", "--model", str(model_dir), "--port", "0", "--served-model-name", name,
            "--api-key", key, *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)

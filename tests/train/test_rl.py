@@ -37,7 +37,9 @@ def test_rl_steps_sync_weights_and_resume(tiny, tmp_path):
     tasks, out = suite(tmp_path), tmp_path / "run"
     cfg = RLConfig(steps=2, group_size=4, groups_per_step=2, workers=3, max_staleness=0, save_every=1,
                    max_output_tokens=12)
+    threads = torch.get_num_threads()
     hist = run(tiny, tasks, out, cfg, trainer_cfg=TrainerConfig(lr=1e-2), progress=quiet(2))
+    assert torch.get_num_threads() == threads  # the trainer's half of the CPU is given back
     assert [m["step"] for m in hist] == [0, 1] and [m["policy_version"] for m in hist] == [0, 1]
     assert all(m["infra_masked"] == 0 and m["dropped_stale"] == 0 for m in hist)
     assert hist[0]["logprob_gap_max"] <= 1e-4  # step 0's episodes were sampled by exactly these weights
