@@ -385,10 +385,12 @@ class Served:
 
     def serve(self, model_dir: Path):
         from train.checkpoint import read_policy
-        from train.server import launch
+        from train.server import cpu_share, launch
 
         if self.server is None:
-            self.server = launch(model_dir, "--dtype", self.dtype, name="policy", log_path=self.log_path)
+            # RL samples from it while training (staleness 1): on CPU each takes half the cores
+            self.server = launch(model_dir, "--dtype", self.dtype, name="policy", log_path=self.log_path,
+                                 threads=cpu_share())
         elif model_dir != self.current:
             self.server.load_weights(model_dir, int(read_policy(model_dir).get("policy_version", 0)))
         self.current = model_dir

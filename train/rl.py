@@ -216,13 +216,16 @@ def run(model_dir: str | Path, tasks: list[Task], out: str | Path, cfg: RLConfig
             # Serve exactly what the trainer computes from step 0 on: the experts in MXFP8.
             serve_from = trainer.save(out / "policy" / f"v{trainer.policy_version}", resumable=False)
     urls = [base_url] if isinstance(base_url, str) else list(base_url or [])
+    # async RL samples while it trains: on CPU, a sampler on this machine and the trainer take half the cores each
+    share = cpu_share() if cfg.max_staleness > 0 and trainer.device.type == "cpu" else None
     if len(urls) > 1:  # several inference servers: each episode sticks to one, every one gets the weights
         from train.distributed.pool import ServerPool
 
         server = ServerPool.from_urls(urls, served_name, api_key)
     else:
         server = (Server(urls[0], served_name, api_key) if urls
-                  else launch(serve_from, *cfg.server_args, name=served_name, log_path=out / "server.log"))
+                  else launch(serve_from, *cfg.server_args, name=served_name, log_path=out / "server.log",
+                              threads=share))
     if base_url and server.version() != trainer.policy_version:
         server.load_weights(serve_from, trainer.policy_version)
     rollout = RolloutConfig(server.base_url, server.model, server.api_key, cfg.temperature, cfg.max_output_tokens,
@@ -243,8 +246,8 @@ def run(model_dir: str | Path, tasks: list[Task], out: str | Path, cfg: RLConfig
     progress = progress or Progress(cfg.steps, first)
     history: list[dict] = []
     threads = torch.get_num_threads()
-    if trainer.device.type == "cpu" and all(is_loopback(u) for u in urls) and (share := cpu_share()):
-        torch.set_num_threads(share)  # the sampler on this machine has the other half (launch)
+    if share and all(is_loopback(u) for u in urls):
+        torch.set_num_threads(share)
     try:
         for step in range(first, cfg.steps):
             t_wait = time.monotonic()

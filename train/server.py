@@ -62,11 +62,12 @@ class Server:
 
 
 def cpu_share() -> int | None:
-    """Torch threads for each side when a run's sampler and trainer share this machine's CPU cores: half
-    the cores each (at least 1). Two OpenMP pools that each take every core spin against each other: on
-    2 cores an RL step of the tiny recipe took 60 s to train and 120 s to roll out, against 10 s and 49 s
-    split 1 + 1 (BENCHMARKS, "Sharing the CPU"). None (leave torch's choice) with a GPU, or when
-    OMP_NUM_THREADS is set: the user's choice stands."""
+    """Torch threads for each side when a run's sampler and trainer work at the same time (async RL,
+    max_staleness > 0) on this machine's CPU cores: half the cores each (at least 1). Two OpenMP pools
+    that each take every core spin against each other: on 2 cores an RL step of the tiny recipe took 60 s
+    to train and 120 s to roll out, against 10 s and 45 s split 1 + 1 (BENCHMARKS, "Sharing the CPU").
+    When they take turns (synchronous RL) each is faster with every core. None (leave torch's choice)
+    with a GPU, or when OMP_NUM_THREADS is set: the user's choice stands."""
     if os.environ.get("OMP_NUM_THREADS"):
         return None
     import torch
@@ -85,13 +86,12 @@ def is_loopback(url: str) -> bool:
 
 def launch(model_dir: str | Path, *extra: str, name: str = "policy", timeout: float = 300.0,
            log_path: Path | None = None, threads: int | None = None) -> Server:
-    """Start `composer-serve` on a free loopback port with a fresh API key; wait until it answers. It
-    shares this machine with us (trainer, rollouts, verifiers): on CPU it gets `threads` torch threads,
-    by default cpu_share()."""
+    """Start `composer-serve` on a free loopback port with a fresh API key; wait until it answers. With
+    `threads` its torch uses that many (cpu_share() when it will run beside a trainer on CPU)."""
     key = "sk-train-" + secrets.token_hex(12)
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    if threads := threads or cpu_share():
+    if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     cmd = [sys.executable, "-m", "serve.cli", "--model", str(model_dir), "--port", "0", "--served-model-name", name,
            "--api-key", key, *extra]

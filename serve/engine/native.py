@@ -150,7 +150,11 @@ class NativeEngine(Engine):
 
     def describe(self) -> str:
         dense, experts = self.model.weight_bytes()
-        return (f"engine native, {self.device.type}, {self.dtype}, experts {self.quant}, weights "
+        where = self.device.type
+        if where == "cpu":
+            n = torch.get_num_threads()
+            where += f" ({n} thread{'s' if n != 1 else ''})"
+        return (f"engine native, {where}, {self.dtype}, experts {self.quant}, weights "
                 f"{(dense + experts) / 2**20:.1f} MiB (experts {experts / 2**20:.1f} MiB), KV cache "
                 f"{self.kv_cache_bytes / 2**20:.1f} MiB ({len(self.blocks.blocks) * self.config.block_size} tokens)"
                 + (f"; {self.packing}" if self.packing else "")

@@ -1,5 +1,5 @@
-"""A composer-serve we launch shares the CPU with the trainer and the rollouts: on CPU it takes half the
-cores (OMP_NUM_THREADS in its environment), unless the user chose a thread count."""
+"""Async RL on CPU: the composer-serve we launch and the trainer take half the cores each
+(OMP_NUM_THREADS in the child's environment, torch.set_num_threads here), unless the user chose."""
 
 from __future__ import annotations
 
@@ -35,18 +35,37 @@ def test_loopback_urls():
 
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads the child's environment from /proc")
-def test_launched_server_gets_its_share_of_threads(tiny, monkeypatch):
+def test_launch_passes_threads_and_keeps_the_users_setting(tiny, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    share = cpu_share()
+    server = launch(tiny, "--dtype", "float32", threads=1)
+    try:
+        assert _child_env(server.proc.pid).get("OMP_NUM_THREADS") == "1"
+    finally:
+        server.stop()
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # no threads given: the user's setting reaches the child
     server = launch(tiny, "--dtype", "float32")
     try:
-        got = _child_env(server.proc.pid).get("OMP_NUM_THREADS")
-        assert got == (str(share) if share else None)
+        assert _child_env(server.proc.pid)["OMP_NUM_THREADS"] == "2"
     finally:
         server.stop()
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the user's setting reaches the child unchanged
-    server = launch(tiny, "--dtype", "float32", threads=None)
-    try:
-        assert _child_env(server.proc.pid)["OMP_NUM_THREADS"] == "1"
-    finally:
-        server.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_async_rl_splits_the_cores_and_sync_rl_does_not(tiny, tmp_path, monkeypatch, staleness):
+    from train.progress import Progress
+    from train.rl import RLConfig, run
+    from train.trainer import TrainerConfig
+
+    from .test_rl import suite
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    share, before = cpu_share(), torch.get_num_threads()
+    cfg = RLConfig(steps=1, group_size=2, groups_per_step=1, workers=2, max_staleness=staleness,
+                   max_output_tokens=8)
+    run(tiny, suite(tmp_path), tmp_path / "run", cfg, trainer_cfg=TrainerConfig(lr=1e-3),
+        progress=Progress(1, out=open(os.devnull, "w")))  # noqa: SIM115
+    assert torch.get_num_threads() == before  # the trainer's threads are given back
+    line = (tmp_path / "run" / "server.log").read_text().splitlines()[0]
+    threads = share if staleness and share else before  # without a share the child inherits torch's default
+    assert f"cpu ({threads} thread" in line, line
