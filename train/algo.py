@@ -58,6 +58,10 @@ class LossConfig:
     - 1 (unbiased, non-negative, lower variance)."""
     eps: float = 1e-6
     """Added to the group std before dividing, so near-constant groups do not explode."""
+    negative_weight: float = 1.0
+    """Negative advantages are multiplied by this (1 = the plain policy gradient). Below 1 the step
+    leans on raising what passed rather than pushing down what failed, whose freed probability a small
+    model spreads over other tokens; 0 keeps only the better-than-average episodes."""
 
     def __post_init__(self) -> None:
         if self.advantage not in ADVANTAGES:
@@ -78,6 +82,8 @@ class LossConfig:
             raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
         if not self.eps > 0:
             raise ValueError(f"eps must be > 0, got {self.eps}")
+        if not 0 <= self.negative_weight <= 1:
+            raise ValueError(f"negative_weight must be in [0, 1], got {self.negative_weight}")
 
 
 def masked_sum(x_BT: Tensor, mask_BT: Tensor) -> Tensor:
@@ -170,6 +176,8 @@ def policy_loss(logprobs_BT: Tensor, sampler_logprobs_BT: Tensor, advantages_B: 
 
     ratio_BT = torch.exp(logp_BT - old_BT)
     adv_B1 = advantages_B.float().detach()[:, None]
+    if cfg.negative_weight != 1.0:
+        adv_B1 = torch.where(adv_B1 < 0, adv_B1 * cfg.negative_weight, adv_B1)
     clipped_BT = ratio_BT.clamp(1 - cfg.clip_low, 1 + cfg.clip_high)
     pg_BT = -torch.minimum(ratio_BT * adv_B1, clipped_BT * adv_B1)
 

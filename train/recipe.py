@@ -77,6 +77,8 @@ class TinyRecipe:
     rl_lr: float = 2e-4
     rl_workers: int = 4
     advantage: str = "grpo"
+    rl_negative_weight: float = 1.0
+    """LossConfig.negative_weight of the RL stage."""
     control: str = "none"
     """"zero": advantages zeroed (the control run); "none": the real run."""
     eval_seeds: int = 15
@@ -632,7 +634,7 @@ def _rl(sft_dir: Path, rl_dir: Path, r: TinyRecipe, served: Served) -> None:
         rl_dir,
         cfg,
         trainer_cfg=TrainerConfig(lr=r.rl_lr, seed=r.seed),
-        loss=LossConfig(advantage=r.advantage),
+        loss=LossConfig(advantage=r.advantage, negative_weight=r.rl_negative_weight),
         reward=reward_config(r),
         base_url=server.base_url,
         api_key=server.api_key,

@@ -168,6 +168,25 @@ def test_zero_advantage_gives_exactly_zero_gradient(agg):
     assert loss.item() == 0.0 and (x.grad == 0).all()
 
 
+def test_negative_weight_scales_only_the_negative_advantages():
+    g = torch.Generator().manual_seed(1)
+    base = torch.randn(3, 5, generator=g) - 2
+    mask = torch.ones(3, 5, dtype=torch.int)
+    adv = torch.tensor([1.0, -0.5, -2.0])
+    grads = {}
+    for w in (1.0, 0.25, 0.0):
+        x = base.clone().requires_grad_()
+        loss, _ = policy_loss(x, base, adv, mask, LossConfig(aggregation="token_sum", normalizer=15.0,
+                                                             negative_weight=w))
+        loss.backward()
+        grads[w] = x.grad
+    assert torch.equal(grads[0.25][0], grads[1.0][0]) and torch.equal(grads[0.0][0], grads[1.0][0])
+    assert torch.allclose(grads[0.25][1:], 0.25 * grads[1.0][1:]) and (grads[0.0][1:] == 0).all()
+    assert (grads[1.0][1:] != 0).all()
+    with pytest.raises(ValueError, match="negative_weight"):
+        LossConfig(negative_weight=1.5)
+
+
 # -- KL ------------------------------------------------------------------------------------------------------
 
 def test_k1_and_k3_by_hand():
