@@ -100,7 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--advantage", choices=["grpo", "rloo"])
     rec.add_argument("--negative-weight", dest="rl_negative_weight", type=float,
                      help="scale of negative advantages in RL, 0..1 (default 1: the plain policy gradient)")
-    rec.add_argument("--control", choices=["none", "zero"], help="zero: every reward (so every advantage) is 0")
+    rec.add_argument("--control", choices=["none", "zero", "shuffle"],
+                     help="zero: every reward (so every advantage) is 0; shuffle: each episode trains with another "
+                          "episode's reward from its step")
     rec.add_argument("--eval-seeds", dest="eval_seeds", type=int, help="held-out seeds per family and size")
     rec.add_argument("--eval-sizes", dest="eval_sizes", help="comma-separated held-out sizes")
     rec.add_argument("--eval-t1", dest="eval_t1", action="store_true", default=None,

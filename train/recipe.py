@@ -80,7 +80,9 @@ class TinyRecipe:
     rl_negative_weight: float = 1.0
     """LossConfig.negative_weight of the RL stage."""
     control: str = "none"
-    """"zero": advantages zeroed (the control run); "none": the real run."""
+    """Control runs: "zero" zeroes every reward (so every advantage, and the optimizer does not move);
+    "shuffle" trains each episode with another episode's reward (RLConfig.shuffle_rewards); "none": the
+    real run."""
     eval_seeds: int = 15
     """Held-out seeds 1e6..1e6+N-1 of each family, eval sizes."""
     eval_sizes: tuple[str, ...] = ("small",)
@@ -622,6 +624,7 @@ def _rl(sft_dir: Path, rl_dir: Path, r: TinyRecipe, served: Served) -> None:
         temperature=1.0,
         max_output_tokens=r.max_output_tokens,
         vary_environment=r.vary_environment,
+        shuffle_rewards=r.control == "shuffle",
     )
     tasks = _limit_turns(
         [t for t in train_tasks(r, sizes=r.rl_sizes) if not r.model_families or t.family in r.model_families],
@@ -652,8 +655,8 @@ def reward_config(r: TinyRecipe):
 
     if r.control == "zero":
         return RewardConfig(pass_weight=0.0, length_coef=0.0, malformed_per_call=0.0, parallel_coef=0.0)
-    if r.control != "none":
-        raise ValueError(f"control must be none or zero, got {r.control!r}")
+    if r.control not in ("none", "shuffle"):
+        raise ValueError(f"control must be none, zero or shuffle, got {r.control!r}")
     return RewardConfig()
 
 

@@ -65,6 +65,11 @@ class RLConfig:
     backend: str = "threads"
     """Where episodes run: threads (this process), processes (a local pool) or ray (actors on a Ray
     cluster); see train/distributed/rollouts.py."""
+    shuffle_rewards: bool = False
+    """A control run: each usable episode of a step is trained with the reward of another episode of
+    that step (a permutation drawn from seed and step). Advantages keep their size and spread, and the
+    optimizer moves as far, but they say nothing about the episode they push on. Metrics keep the true
+    rewards."""
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.group_size < 1 or self.groups_per_step < 1 or self.workers < 1:
@@ -161,6 +166,11 @@ def advantages_for(episodes: list[Episode], step: int, cfg: RLConfig, loss: Loss
             counts["dropped_stale"] += 1
         else:
             usable.append(ep)
+    reward_of = {id(ep): ep.reward for ep in usable}
+    if cfg.shuffle_rewards:
+        order = list(range(len(usable)))
+        random.Random(cfg.seed * 1_000_003 + step).shuffle(order)
+        reward_of = {id(ep): usable[j].reward for ep, j in zip(usable, order, strict=True)}
     by_group: dict[int, list[Episode]] = {}
     for ep in usable:
         by_group.setdefault(ep.group, []).append(ep)
@@ -169,7 +179,7 @@ def advantages_for(episodes: list[Episode], step: int, cfg: RLConfig, loss: Loss
         if len(group) < 2:
             counts["groups_skipped"] += 1
             continue
-        rewards = torch.tensor([ep.reward for ep in group], dtype=torch.float32)
+        rewards = torch.tensor([reward_of[id(ep)] for ep in group], dtype=torch.float32)
         a = group_advantages(rewards, torch.zeros(len(group), dtype=torch.long), mode=loss.advantage,
                              std_normalize=loss.std_normalize)
         for ep, adv in zip(group, a.tolist(), strict=True):

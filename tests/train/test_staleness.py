@@ -37,6 +37,20 @@ def test_a_group_left_with_one_episode_is_skipped():
     assert samples == [] and counts["groups_skipped"] == 1
 
 
+def test_shuffled_rewards_control_permutes_rewards_within_the_step():
+    rewards = [1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.5, 0.0, 1.0, 0.0, 0.0, 1.0]
+    episodes = [ep(i // 4, r, 0) for i, r in enumerate(rewards)]
+    real = advantages_for(episodes, step=0, cfg=RLConfig(), loss=LossConfig())[1]
+    shuffled = [advantages_for(episodes, step=k, cfg=RLConfig(shuffle_rewards=True, seed=1), loss=LossConfig())[1]
+                for k in range(4)]
+    again = advantages_for(episodes, step=0, cfg=RLConfig(shuffle_rewards=True, seed=1), loss=LossConfig())[1]
+    assert shuffled[0] == again  # drawn from seed and step
+    assert all(s != real for s in shuffled) and len({tuple(s) for s in shuffled}) > 1
+    for s in shuffled:  # every group's advantages still sum to 0; the episodes keep their true rewards
+        assert all(abs(sum(s[g * 4:(g + 1) * 4])) < 1e-6 for g in range(3))
+    assert [e.reward for e in episodes] == rewards
+
+
 def test_task_order_is_a_function_of_seed_and_batch(tmp_path):
     tasks = [Task(f"t{i}", "p", "true", workspace=str(tmp_path)) for i in range(5)]
     a = [t.id for k in range(5) for t in tasks_for_batch(tasks, k, 2, seed=3)]
