@@ -34,8 +34,9 @@ def test_splits_are_disjoint_and_the_control_zeroes_every_reward():
     zero = reward_config(TinyRecipe(control="zero"))
     assert (zero.pass_weight, zero.length_coef, zero.malformed_per_call, zero.parallel_coef) == (0, 0, 0, 0)
     assert reward_config(TinyRecipe()).pass_weight == 1.0
+    assert reward_config(TinyRecipe(control="shuffle")).pass_weight == 1.0  # real rewards, shuffled by rl.run
     with pytest.raises(ValueError, match="control"):
-        reward_config(TinyRecipe(control="shuffle"))
+        reward_config(TinyRecipe(control="random"))
 
 
 def test_recipe_flags_set_the_model_shape():
