@@ -98,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--group-size", dest="rl_group_size", type=int)
     rec.add_argument("--groups-per-step", dest="rl_groups_per_step", type=int)
     rec.add_argument("--advantage", choices=["grpo", "rloo"])
+    rec.add_argument("--rl-adam-eps", dest="rl_adam_eps", type=float,
+                     help="AdamW epsilon of the RL stage (default 1e-8)")
     rec.add_argument("--negative-weight", dest="rl_negative_weight", type=float,
                      help="scale of negative advantages in RL, 0..1 (default 1: the plain policy gradient)")
     rec.add_argument("--control", choices=["none", "zero", "shuffle"],

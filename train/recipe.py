@@ -79,6 +79,8 @@ class TinyRecipe:
     advantage: str = "grpo"
     rl_negative_weight: float = 1.0
     """LossConfig.negative_weight of the RL stage."""
+    rl_adam_eps: float = 1e-8
+    """TrainerConfig.eps of the RL stage."""
     control: str = "none"
     """Control runs: "zero" zeroes every reward (so every advantage, and the optimizer does not move);
     "shuffle" trains each episode with another episode's reward (RLConfig.shuffle_rewards); "none": the
@@ -636,7 +638,7 @@ def _rl(sft_dir: Path, rl_dir: Path, r: TinyRecipe, served: Served) -> None:
         tasks,
         rl_dir,
         cfg,
-        trainer_cfg=TrainerConfig(lr=r.rl_lr, seed=r.seed),
+        trainer_cfg=TrainerConfig(lr=r.rl_lr, eps=r.rl_adam_eps, seed=r.seed),
         loss=LossConfig(advantage=r.advantage, negative_weight=r.rl_negative_weight),
         reward=reward_config(r),
         base_url=server.base_url,

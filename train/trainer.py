@@ -47,6 +47,9 @@ class TrainerConfig:
     """AdamW decoupled weight decay."""
     betas: tuple[float, float] = (0.9, 0.999)
     """AdamW betas."""
+    eps: float = 1e-8
+    """AdamW epsilon. Near the gradients' own scale (per-weight RMS), the step grows with the gradient
+    instead of being ~lr for every weight, so weights the batch says little about move little."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this (0 disables)."""
     micro_batch_tokens: int = 8192
@@ -61,8 +64,8 @@ class TrainerConfig:
     """Route each token to the experts the server used for it, where the sample says (routing replay)."""
 
     def __post_init__(self) -> None:
-        if self.lr <= 0 or self.micro_batch_tokens < 1 or self.grad_clip < 0:
-            raise ValueError("lr and micro_batch_tokens must be positive and grad_clip >= 0")
+        if self.lr <= 0 or self.micro_batch_tokens < 1 or self.grad_clip < 0 or not self.eps > 0:
+            raise ValueError("lr, eps and micro_batch_tokens must be positive and grad_clip >= 0")
 
 
 def micro_batches(samples: list[Sample], budget: int) -> list[list[int]]:
@@ -123,8 +126,8 @@ class Trainer:
         self.model = load_model(model_dir, device=self.device, dtype=torch.float32, quant="none")
         self.model.to_training(c.mxfp8_experts)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=c.lr, betas=c.betas, weight_decay=c.weight_decay,
-                                           foreach=True)
+        self.optimizer = torch.optim.AdamW(self.params, lr=c.lr, betas=c.betas, eps=c.eps,
+                                           weight_decay=c.weight_decay, foreach=True)
         self.policy_version = int(read_policy(model_dir).get("policy_version", 0))
         self.step_count = 0
 

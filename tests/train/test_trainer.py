@@ -122,6 +122,19 @@ def test_resume_continues_bit_for_bit(tiny, tmp_path):
     assert changed > 0
 
 
+def test_adam_eps_reaches_the_optimizer(tiny):
+    samples, advs = fixed_samples(tiny), [1.0, -0.5, -0.5]
+    moved = {}
+    for eps in (1e-8, 1.0):  # eps far above every gradient: the step becomes ~lr * gradient, i.e. tiny
+        tr = Trainer(tiny, TrainerConfig(lr=1e-3, eps=eps))
+        before = [p.detach().clone() for p in tr.params]
+        tr.step(samples, advs)
+        moved[eps] = max(float((p.detach() - b).abs().max()) for p, b in zip(tr.params, before, strict=True))
+    assert moved[1e-8] > 5e-4 and moved[1.0] < moved[1e-8] / 100, moved
+    with pytest.raises(ValueError, match="eps"):
+        TrainerConfig(eps=0.0)
+
+
 def test_export_loads_in_transformers_and_matches(tiny, tmp_path):
     from transformers import AutoModelForCausalLM
 
