@@ -169,7 +169,7 @@ def advantages_for(episodes: list[Episode], step: int, cfg: RLConfig, loss: Loss
     reward_of = {id(ep): ep.reward for ep in usable}
     if cfg.shuffle_rewards:
         order = list(range(len(usable)))
-        random.Random(cfg.seed * 1_000_003 + step).shuffle(order)
+        random.Random(f"shuffle-rewards/{cfg.seed}/{step}").shuffle(order)  # not the task order's stream
         reward_of = {id(ep): usable[j].reward for ep, j in zip(usable, order, strict=True)}
     by_group: dict[int, list[Episode]] = {}
     for ep in usable:
