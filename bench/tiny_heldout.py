@@ -3,7 +3,7 @@ trained on ("seen code": the training pool's own names, seeds 50,000+ that no re
 code under fresh names ("renamed": seeds 900,000+) and on the held-out pool ("unseen code": modules and
 function names that appear nowhere in training, seeds 1,000,000+).
 
-    python bench/tiny_heldout.py NAME=MODEL_DIR... [--families find-def] [--seeds 150] [--kinds seen,renamed,unseen] [--temperature 0] [--dtype float64] [--out bench/tiny]
+    python bench/tiny_heldout.py NAME=MODEL_DIR... [--families find-def] [--seeds 150] [--kinds seen,renamed,unseen] [--temperature 0] [--dtype float64] [--concurrency 2] [--out bench/tiny]
 
 Each model is served by composer-serve (one server, weights switched between models) and run through
 the eval runner, as the recipe's own held-out eval does. Writes heldout.json and a plot next to it.
@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); 1: the policy RL samples")
     ap.add_argument("--dtype", default="float64", choices=["float32", "float64"],
                     help="float64 (default): as the built-in model is served, the same greedy choices on every CPU")
+    ap.add_argument("--concurrency", type=int, default=2,
+                    help="episodes at once (default 2, as the recipe records and evaluates); 16 on a 2-core machine "
+                         "times every tool call 2-5x slower, as a slow or busy machine would")
     ap.add_argument("--out", default="bench/tiny")
     args = ap.parse_args(argv)
 
@@ -48,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
     os.environ.update(PYTEST_ENV)
     families = args.families.split(",")
-    r = TinyRecipe(max_turns=args.max_turns, max_output_tokens=args.max_output_tokens)
+    r = TinyRecipe(max_turns=args.max_turns, max_output_tokens=args.max_output_tokens, concurrency=args.concurrency)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="tiny-heldout-"))
@@ -71,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             served.stop()
     print(f"episodes: {work}")
     summary = {"families": families, "seeds": args.seeds, "size": args.size, "bases": BASES,
+               "concurrency": args.concurrency, "max_turns": args.max_turns,
                "temperature": args.temperature, "dtype": args.dtype, "results": results}
     (out / "heldout.json").write_text(json.dumps(summary, indent=2))
     print("\n| model | seen code, new seeds | seen code, fresh names | unseen code (held-out pool) |")

@@ -100,6 +100,9 @@ class TinyRecipe:
     """Record the expert data (and the tokenizer's corpus) and run the RL episodes in varied folders, git
     states and dates (agent/tasks/variation.py), so the model does not tie its answers to one workspace
     path or day."""
+    vary_timings: bool = True
+    """SFT sees each expert episode, each epoch, with its tool results timed as on a machine of another
+    speed (train/timings.py), so a slower or busier machine than the recording one does not derail it."""
 
     @classmethod
     def smoke(cls, **kw: Any) -> TinyRecipe:
@@ -321,6 +324,7 @@ def sft(model_dir: Path, sessions: Path, out: Path, r: TinyRecipe) -> list[dict[
     from serve.chat_format import ChatFormat
     from train.progress import Progress
     from train.samples import build_samples
+    from train.timings import vary_timings
     from train.trainer import Trainer, TrainerConfig
 
     chat = ChatFormat(model_dir)
@@ -330,7 +334,8 @@ def sft(model_dir: Path, sessions: Path, out: Path, r: TinyRecipe) -> list[dict[
         for f in sorted(sessions.rglob("sessions/*.jsonl"))
         if not r.model_families or any(f.name.startswith(fam + "-") for fam in r.model_families)
     ]
-    samples = [s for f in files for s in build_samples(load(f), chat=chat, spec_hash=spec_hash)]
+    episodes = [load(f) for f in files]
+    samples = [s for data in episodes for s in build_samples(data, chat=chat, spec_hash=spec_hash)]
     if not samples:
         raise ValueError(f"{sessions} holds no expert samples")
     trainer = Trainer(model_dir, TrainerConfig(lr=r.sft_lr, seed=r.seed, weight_decay=0.01))
@@ -342,7 +347,11 @@ def sft(model_dir: Path, sessions: Path, out: Path, r: TinyRecipe) -> list[dict[
     metrics_path = out.parent / "sft_metrics.jsonl"
     metrics_path.unlink(missing_ok=True)
     history, step = [], 0
+    timing_rng = random.Random(f"timings/{r.seed}")
     for epoch in range(r.sft_epochs):
+        if r.vary_timings:  # each epoch sees the episodes as machines of other speeds would have timed them
+            samples = [s for data in episodes
+                       for s in build_samples(vary_timings(data, chat, timing_rng), spec_hash=spec_hash)]
         order = list(range(len(samples)))
         rng.shuffle(order)
         for i in range(0, len(order), r.sft_batch):

@@ -54,6 +54,20 @@ def test_recipe_flags_set_the_model_shape():
     assert r.families == ("bugfix", "find-def") and r.sizes == ("small",)
 
 
+def test_recipe_rl_flags_reach_the_rl_stage():
+    from train.cli import build_parser
+    from train.recipe import recipe_from_args
+
+    args = build_parser().parse_args(
+        "recipe tiny --out x --rl-steps 50 --rl-lr 5e-4 --rl-adam-eps 1e-5 --negative-weight 0.5 --control shuffle".split()
+    )
+    r = recipe_from_args(args)
+    assert (r.rl_steps, r.rl_lr, r.rl_adam_eps, r.rl_negative_weight, r.control) == (50, 5e-4, 1e-5, 0.5, "shuffle")
+    default = recipe_from_args(build_parser().parse_args("recipe tiny --out x".split()))
+    assert (default.rl_adam_eps, default.rl_negative_weight, default.control) == (1e-8, 1.0, "none")
+    assert default.vary_timings and default.vary_environment
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)  # ~1 min on an idle 2-core machine; several times that when the cores are shared
 def test_smoke_recipe_runs_every_stage(tmp_path):
