@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,3 +21,11 @@ def _no_triton_interpreter(monkeypatch):
     """tests/kernels turns the Triton interpreter on for the whole session; servers and trainers here
     would then run MXFP8 experts through it (minutes per episode) instead of the CPU path users get."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+
+
+def record_expert(model: Path, out: Path, limit: int) -> subprocess.CompletedProcess:
+    """`composer-train expert-data synthetic-small`: the scripted expert's first `limit` tasks, recorded
+    token-exact for `model` into `out` (sessions/ and report.json)."""
+    return subprocess.run([sys.executable, "-m", "train.cli", "expert-data", "synthetic-small", "--model", str(model),
+                           "--out", str(out), "--limit", str(limit), "--concurrency", "2"], capture_output=True,
+                          text=True, timeout=600, cwd=out.parent)

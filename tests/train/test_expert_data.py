@@ -10,14 +10,13 @@ import sys
 from agent.session import load
 from agent.tools import default_registry
 from serve.chat_format import ChatFormat
+from tests.train.conftest import record_expert
 from train.samples import build_samples
 
 
 def test_expert_data_is_one_append_only_sample_per_episode_and_trains(tiny, tmp_path):
     out = tmp_path / "data"
-    r = subprocess.run([sys.executable, "-m", "train.cli", "expert-data", "synthetic-small", "--model", str(tiny),
-                        "--out", str(out), "--limit", "4", "--concurrency", "2"], capture_output=True, text=True,
-                       timeout=600, cwd=tmp_path)
+    r = record_expert(tiny, out, 4)
     assert r.returncode == 0, r.stderr
     assert json.loads((out / "report.json").read_text())["overall"]["pass@1"] == 1.0
     chat = ChatFormat(tiny)

@@ -4,11 +4,10 @@ token-exact, and the episode is still one append-only sample."""
 from __future__ import annotations
 
 import random
-import subprocess
-import sys
 
 from agent.session import load
 from serve.chat_format import ChatFormat
+from tests.train.conftest import record_expert
 from train.samples import build_samples
 from train.timings import SHELL_TIME, retime, slowness, vary_timings
 
@@ -39,9 +38,7 @@ def test_slowness_keeps_the_recorded_times_about_as_often_as_asked():
 
 def test_varied_episode_keeps_the_expert_answers_token_exact(tiny, tmp_path):
     out = tmp_path / "data"
-    r = subprocess.run([sys.executable, "-m", "train.cli", "expert-data", "synthetic-small", "--model", str(tiny),
-                        "--out", str(out), "--limit", "2", "--concurrency", "2"], capture_output=True, text=True,
-                       timeout=600, cwd=tmp_path)
+    r = record_expert(tiny, out, 2)
     assert r.returncode == 0, r.stderr
     chat = ChatFormat(tiny)
     timed = 0
