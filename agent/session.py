@@ -45,6 +45,20 @@ class SessionData:
     segments: list[list[Message]] = field(default_factory=list)
     records: list[dict[str, Any]] = field(default_factory=list)
 
+    @classmethod
+    def from_records(cls, records: list[dict[str, Any]]) -> SessionData:
+        """A session from its records, as written: meta from the `session` record, messages by segment."""
+        data = cls(meta={}, records=records)
+        for rec in records:
+            if rec["type"] == "session":
+                data.meta = rec
+            elif rec["type"] in ("message", "segment"):
+                while len(data.segments) <= rec["segment"]:
+                    data.segments.append([])
+                if rec["type"] == "message":
+                    data.segments[rec["segment"]].append(rec["message"])
+        return data
+
     @property
     def messages(self) -> list[Message]:
         """The current (last) segment's messages: what a resumed run continues from."""
@@ -125,23 +139,13 @@ def find_session(sessions_dir: Path, which: str) -> Path:
 
 
 def load(path: Path) -> SessionData:
-    data = SessionData(meta={})
+    records = []
     with open(path, encoding="utf-8") as f:
         for line in f:
             if not line.strip():
                 continue
             try:
-                rec = json.loads(line)
+                records.append(json.loads(line))
             except json.JSONDecodeError:
                 break  # a line torn by a kill: everything before it is intact
-            data.records.append(rec)
-            if rec["type"] == "session":
-                data.meta = rec
-            elif rec["type"] == "message":
-                while len(data.segments) <= rec["segment"]:
-                    data.segments.append([])
-                data.segments[rec["segment"]].append(rec["message"])
-            elif rec["type"] == "segment":
-                while len(data.segments) <= rec["segment"]:
-                    data.segments.append([])
-    return data
+    return SessionData.from_records(records)

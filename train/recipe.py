@@ -335,7 +335,8 @@ def sft(model_dir: Path, sessions: Path, out: Path, r: TinyRecipe) -> list[dict[
         if not r.model_families or any(f.name.startswith(fam + "-") for fam in r.model_families)
     ]
     episodes = [load(f) for f in files]
-    samples = [s for data in episodes for s in build_samples(data, chat=chat, spec_hash=spec_hash)]
+    recorded = [build_samples(data, chat=chat, spec_hash=spec_hash) for data in episodes]
+    samples = [s for ep in recorded for s in ep]
     if not samples:
         raise ValueError(f"{sessions} holds no expert samples")
     trainer = Trainer(model_dir, TrainerConfig(lr=r.sft_lr, seed=r.seed, weight_decay=0.01))
@@ -350,8 +351,9 @@ def sft(model_dir: Path, sessions: Path, out: Path, r: TinyRecipe) -> list[dict[
     timing_rng = random.Random(f"timings/{r.seed}")
     for epoch in range(r.sft_epochs):
         if r.vary_timings:  # each epoch sees the episodes as machines of other speeds would have timed them
-            samples = [s for data in episodes
-                       for s in build_samples(vary_timings(data, chat, timing_rng), spec_hash=spec_hash)]
+            varied = [vary_timings(data, chat, timing_rng) for data in episodes]  # the same object: kept as recorded
+            samples = [s for data, v, ep in zip(episodes, varied, recorded, strict=True)
+                       for s in (ep if v is data else build_samples(v, spec_hash=spec_hash))]
         order = list(range(len(samples)))
         rng.shuffle(order)
         for i in range(0, len(order), r.sft_batch):

@@ -5,7 +5,7 @@ pytest's summary says `1 failed, 4 passed in 0.03s`. Expert trajectories are rec
 at one load, so every time in them falls in a narrow band (shell 0.2-0.8 s, pytest 0.01-0.05 s on the
 2-core VM), and a small model learns those bytes as part of its context. Measured on composer-tiny:
 with 16 episodes at once on 2 cores the same tool calls took 0.6-2.7 s, and the training pass rate at
-T=1 fell from 0.60 to 0.33 with nothing else changed (BENCHMARKS.md, "Slow tools").
+T=1 fell from 0.60 to 0.33 with nothing else changed (BENCHMARKS.md, "Slow tool calls threw the built-in model off").
 
 `vary_timings` rewrites those times in a recorded session as another machine would have reported them:
 one slowness factor per episode (log-uniform, 0.3x to 30x; the original times kept with probability
@@ -58,11 +58,7 @@ def vary_timings(data: SessionData, chat, rng: random.Random, keep: float = 0.5)
         msg = rec.get("message") if rec.get("type") == "message" else None
         if msg and msg.get("role") == "tool" and isinstance(msg.get("content"), str):
             msg["content"] = retime(msg["content"], factor, rng)
-    segments: dict[int, list] = {}
-    for rec in records:
-        if rec.get("type") == "message":
-            segments.setdefault(rec["segment"], []).append(rec["message"])
-    out = SessionData(data.meta, [segments[k] for k in sorted(segments)], records)
+    out = SessionData.from_records(records)
     tools = data.meta.get("tools") or None
     for rec, sent in out.requests():
         if rec.get("prompt_token_ids") is not None:
