@@ -102,6 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="AdamW epsilon of the RL stage (default 1e-8)")
     rec.add_argument("--negative-weight", dest="rl_negative_weight", type=float,
                      help="scale of negative advantages in RL, 0..1 (default 1: the plain policy gradient)")
+    rec.add_argument("--rl-kl-coef", dest="rl_kl_coef", type=float,
+                     help="KL penalty (k3) of the RL stage to the SFT policy it starts from (default 0: none)")
+    rec.add_argument("--rl-train-only", dest="rl_train_only",
+                     help="comma-separated regular expressions of the parameter names RL trains, the rest frozen "
+                          "(default all; e.g. norm: the RMSNorm gains)")
     rec.add_argument("--control", choices=["none", "zero", "shuffle"],
                      help="zero: every reward (so every advantage) is 0; shuffle: each episode trains with another "
                           "episode's reward from its step")

@@ -81,6 +81,11 @@ class TinyRecipe:
     """LossConfig.negative_weight of the RL stage."""
     rl_adam_eps: float = 1e-8
     """TrainerConfig.eps of the RL stage."""
+    rl_kl_coef: float = 0.0
+    """LossConfig.kl_coef of the RL stage: the KL penalty (k3) to the SFT policy, the weights RL starts from."""
+    rl_train_only: tuple[str, ...] = ()
+    """TrainerConfig.train_only of the RL stage: regular expressions of the parameters RL trains (default:
+    all); e.g. ("norm",) trains the RMSNorm gains alone."""
     control: str = "none"
     """Control runs: "zero" zeroes every reward (so every advantage, and the optimizer does not move);
     "shuffle" trains each episode with another episode's reward (RLConfig.shuffle_rewards); "none": the
@@ -649,8 +654,8 @@ def _rl(sft_dir: Path, rl_dir: Path, r: TinyRecipe, served: Served) -> None:
         tasks,
         rl_dir,
         cfg,
-        trainer_cfg=TrainerConfig(lr=r.rl_lr, eps=r.rl_adam_eps, seed=r.seed),
-        loss=LossConfig(advantage=r.advantage, negative_weight=r.rl_negative_weight),
+        trainer_cfg=TrainerConfig(lr=r.rl_lr, eps=r.rl_adam_eps, seed=r.seed, train_only=tuple(r.rl_train_only)),
+        loss=LossConfig(advantage=r.advantage, negative_weight=r.rl_negative_weight, kl_coef=r.rl_kl_coef),
         reward=reward_config(r),
         base_url=server.base_url,
         api_key=server.api_key,
@@ -698,7 +703,7 @@ def recipe_from_args(args) -> TinyRecipe:
     kw = {
         f.name: getattr(args, f.name) for f in fields(TinyRecipe) if getattr(args, f.name, None) is not None
     }
-    for k in ("families", "sizes", "rl_sizes", "eval_sizes", "model_families"):
+    for k in ("families", "sizes", "rl_sizes", "eval_sizes", "model_families", "rl_train_only"):
         if isinstance(kw.get(k), str):
             kw[k] = tuple(x for x in kw[k].split(",") if x)
     return TinyRecipe.smoke(**kw) if args.smoke else TinyRecipe(**kw)

@@ -13,6 +13,9 @@ AdamW on fp32 masters; on a GPU the forward runs under bf16 autocast.
 Limits: logits are materialised for a whole micro-batch ([B, L, V] float32): fine for small vocabularies,
 chunk them before training a 150k-vocabulary model on long contexts.
 
+KL penalty (LossConfig.kl_coef > 0): a frozen copy of the starting weights scores each micro-batch's
+tokens (same experts replayed) as the reference. `train_only` freezes every parameter but the named ones.
+
 Routing replay (`replay_routes`, on by default): tokens whose sample carries the server's experts
 (train/samples.py) go to those experts, weighted by the trainer's own router probabilities of them, so
 the router still gets gradients. Without it a near-tied router choice that rounds the other way here
@@ -24,6 +27,7 @@ and how many of those the trainer would have chosen differently (`routes_replaye
 from __future__ import annotations
 
 import math
+import re
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
@@ -62,6 +66,11 @@ class TrainerConfig:
     """Seeds torch's RNG at start-up."""
     replay_routes: bool = True
     """Route each token to the experts the server used for it, where the sample says (routing replay)."""
+    train_only: tuple[str, ...] = ()
+    """Regular expressions of parameter names (`re.search`); when given, every other parameter is frozen.
+    RL learns a few bits per episode (one reward), which few parameters can hold; Adam moves every
+    trained weight by about the learning rate each step, signal or not, so fewer trained weights is
+    less noise for the same signal (e.g. ("norm",): the RMSNorm gains only)."""
 
     def __post_init__(self) -> None:
         if self.lr <= 0 or self.micro_batch_tokens < 1 or self.grad_clip < 0 or not self.eps > 0:
@@ -125,7 +134,17 @@ class Trainer:
         torch.manual_seed(c.seed)
         self.model = load_model(model_dir, device=self.device, dtype=torch.float32, quant="none")
         self.model.to_training(c.mxfp8_experts)
+        if c.train_only:
+            for name, p in self.model.named_parameters():
+                p.requires_grad_(any(re.search(pat, name) for pat in c.train_only))
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError(f"train_only {c.train_only} matches no parameter of the model")
+        self.ref_model = None
+        if self.loss.kl_coef > 0:  # the frozen reference for the KL penalty: the weights training starts from
+            self.ref_model = load_model(model_dir, device=self.device, dtype=torch.float32, quant="none")
+            self.ref_model.to_training(c.mxfp8_experts)
+            self.ref_model.requires_grad_(False)
         self.optimizer = torch.optim.AdamW(self.params, lr=c.lr, betas=c.betas, eps=c.eps,
                                            weight_decay=c.weight_decay, foreach=True)
         self.policy_version = int(read_policy(model_dir).get("policy_version", 0))
@@ -136,34 +155,34 @@ class Trainer:
     score_trained_only = True  # run the LM head on trained positions only (see _token_logprobs)
 
     def _token_logprobs(self, ids_BL: torch.Tensor, mask_BL: torch.Tensor | None = None,
-                        routes_BLMK: torch.Tensor | None = None) -> torch.Tensor:
+                        routes_BLMK: torch.Tensor | None = None, model=None) -> torch.Tensor:
         """Log-prob of each token given the ones before it: [B, L-1] (position t scores token t+1).
         With `mask_BL`, only tokens where it is set are scored (0 elsewhere): the LM head and the
         softmax over the vocabulary then run on those positions alone, which is most of the cost of a
         small model whose trained (sampled) tokens are a fraction of each sequence. `routes_BLMK`: the
-        experts to replay (pad_routes)."""
+        experts to replay (pad_routes). `model`: another model of the same shape (the KL reference)."""
+        m = model or self.model
         autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" else nullcontext()
         if not self.config.replay_routes:
             routes_BLMK = None
         if mask_BL is None:
             with autocast:
-                logits_BLV = self.model.forward_train(ids_BL, routes_BLMK)
+                logits_BLV = m.forward_train(ids_BL, routes_BLMK)
             logp_BTV = F.log_softmax(logits_BLV[:, :-1].float(), dim=-1)
             return logp_BTV.gather(-1, ids_BL[:, 1:, None]).squeeze(-1)
         sel_BT = mask_BL[:, 1:] > 0
         with autocast:
-            h_NC = self._hidden(ids_BL, routes_BLMK)[:, :-1][sel_BT]
-            m = self.model
+            h_NC = self._hidden(m, ids_BL, routes_BLMK)[:, :-1][sel_BT]
             logits_NV = F.linear(h_NC, m.embed_tokens.weight) if m.lm_head is None else m.lm_head(h_NC)
         logp_NV = F.log_softmax(logits_NV.float(), dim=-1)
         lp_N = logp_NV.gather(-1, ids_BL[:, 1:][sel_BT][:, None]).squeeze(-1)
         return torch.zeros(sel_BT.shape, dtype=lp_N.dtype, device=lp_N.device).masked_scatter(sel_BT, lp_N)
 
-    def _hidden(self, ids_BL: torch.Tensor, routes_BLMK: torch.Tensor | None = None) -> torch.Tensor:
+    @staticmethod
+    def _hidden(m, ids_BL: torch.Tensor, routes_BLMK: torch.Tensor | None = None) -> torch.Tensor:
         """Qwen3MoeModel.forward_train up to the final norm (the same operations, without the LM head)."""
         from serve.model.layers import Rotary
 
-        m = self.model
         if m.rotary is None:
             m.rotary = Rotary(m.cfg, ids_BL.device)
         x_BLD = m.embed_tokens(ids_BL)
@@ -246,7 +265,13 @@ class Trainer:
             metrics: dict[str, Any] = {}
         else:
             adv_B = torch.tensor(advantages, dtype=torch.float32, device=self.device)
-            loss, metrics = policy_loss(logp_BT, slp_BT, adv_B, mask_BT, self._loss_config(n_seqs))
+            ref_BT = None
+            if self.ref_model is not None:  # the same tokens, experts and trained positions, frozen weights
+                with torch.no_grad():
+                    ref_BT = self._token_logprobs(ids, mask if self.score_trained_only else None,
+                                                  pad_routes(mb, self.device), model=self.ref_model)
+            loss, metrics = policy_loss(logp_BT, slp_BT, adv_B, mask_BT, self._loss_config(n_seqs),
+                                        ref_logprobs_BT=ref_BT)
             loss = loss * self._scale(mask_BT, len(mb), total_tokens, n_seqs)
         loss.backward()
         for k, v in metrics.items():

@@ -59,12 +59,15 @@ def test_recipe_rl_flags_reach_the_rl_stage():
     from train.recipe import recipe_from_args
 
     args = build_parser().parse_args(
-        "recipe tiny --out x --rl-steps 50 --rl-lr 5e-4 --rl-adam-eps 1e-5 --negative-weight 0.5 --control shuffle".split()
+        ("recipe tiny --out x --rl-steps 50 --rl-lr 5e-4 --rl-adam-eps 1e-5 --negative-weight 0.5 --control shuffle "
+         "--rl-kl-coef 0.1 --rl-train-only norm,gate").split()
     )
     r = recipe_from_args(args)
     assert (r.rl_steps, r.rl_lr, r.rl_adam_eps, r.rl_negative_weight, r.control) == (50, 5e-4, 1e-5, 0.5, "shuffle")
+    assert (r.rl_kl_coef, r.rl_train_only) == (0.1, ("norm", "gate"))
     default = recipe_from_args(build_parser().parse_args("recipe tiny --out x".split()))
     assert (default.rl_adam_eps, default.rl_negative_weight, default.control) == (1e-8, 1.0, "none")
+    assert (default.rl_kl_coef, default.rl_train_only) == (0.0, ())
     assert default.vary_timings and default.vary_environment
 
 

@@ -135,6 +135,35 @@ def test_adam_eps_reaches_the_optimizer(tiny):
         TrainerConfig(eps=0.0)
 
 
+def test_train_only_moves_the_named_parameters_alone(tiny):
+    samples, advs = fixed_samples(tiny), [1.0, -0.5, -0.5]
+    tr = Trainer(tiny, TrainerConfig(lr=1e-2, train_only=("norm",)))
+    before = {n: p.detach().clone() for n, p in tr.model.named_parameters()}
+    tr.step(samples, advs)
+    moved = {n for n, p in tr.model.named_parameters() if not torch.equal(p.detach(), before[n])}
+    norms = {n for n in before if "norm" in n}
+    assert moved == norms and len(tr.params) == len(norms), (moved, norms)
+    with pytest.raises(ValueError, match="matches no parameter"):
+        Trainer(tiny, TrainerConfig(train_only=("no_such_weight",)))
+
+
+def test_kl_penalty_pulls_the_policy_back_to_where_it_started(tiny):
+    """With kl_coef > 0 the trainer scores each batch with the frozen starting weights: the KL is 0 at the
+    start, grows as advantages move the policy, and steps with no advantage bring it back."""
+    from train.algo import LossConfig
+
+    samples, advs = fixed_samples(tiny), [1.0, -0.5, -0.5]
+    tr = Trainer(tiny, TrainerConfig(lr=3e-3), loss=LossConfig(kl_coef=1.0))
+    assert tr.step(samples, advs)["loss_kl_mean"] < 1e-9
+    for _ in range(3):
+        tr.step(samples, advs)
+    away = tr.step(samples, [0.0] * 3)["loss_kl_mean"]
+    kls = [tr.step(samples, [0.0] * 3)["loss_kl_mean"] for _ in range(6)]
+    assert away > 1e-3 and kls[-1] < away / 2, (away, kls)
+    plain = Trainer(tiny, TrainerConfig(lr=3e-3))  # no KL: no reference model, no KL term
+    assert plain.ref_model is None and "loss_kl_mean" not in plain.step(samples, advs)
+
+
 def test_export_loads_in_transformers_and_matches(tiny, tmp_path):
     from transformers import AutoModelForCausalLM
 
