@@ -3,7 +3,7 @@ trained on ("seen code": the training pool's own names, seeds 50,000+ that no re
 code under fresh names ("renamed": seeds 900,000+) and on the held-out pool ("unseen code": modules and
 function names that appear nowhere in training, seeds 1,000,000+).
 
-    python bench/tiny_heldout.py NAME=MODEL_DIR... [--families find-def] [--seeds 150] [--kinds seen,renamed,unseen] [--temperature 0] [--dtype float64] [--concurrency 2] [--out bench/tiny]
+    python bench/tiny_heldout.py NAME=MODEL_DIR... [--families find-def] [--seeds 150] [--seed-offset 0] [--kinds seen,renamed,unseen] [--temperature 0] [--dtype float64] [--concurrency 2] [--out bench/tiny]
 
 Each model is served by composer-serve (one server, weights switched between models) and run through
 the eval runner, as the recipe's own held-out eval does. Writes heldout.json and a plot next to it.
@@ -23,10 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/train.py m
 BASES = {"seen": 50_000, "renamed": 900_000, "unseen": 1_000_000}
 
 
-def tasks(families: list[str], kind: str, n: int, size: str):
+def tasks(families: list[str], kind: str, n: int, size: str, offset: int = 0):
     from agent.tasks.families import generate
 
-    return [generate(f, BASES[kind] + s, size, "heldout") for s in range(n) for f in families]
+    return [generate(f, BASES[kind] + offset + s, size, "heldout") for s in range(n) for f in families]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("models", nargs="+", help="NAME=MODEL_DIR (a served checkpoint folder)")
     ap.add_argument("--families", default="find-def")
     ap.add_argument("--seeds", type=int, default=150)
+    ap.add_argument("--seed-offset", type=int, default=0,
+                    help="skip this many seeds of each kind (e.g. to score a choice made on the first ones on new seeds)")
     ap.add_argument("--kinds", default=",".join(BASES), help="which of seen,renamed,unseen to run")
     ap.add_argument("--size", default="small")
     ap.add_argument("--max-turns", type=int, default=4)
@@ -55,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="tiny-heldout-"))
-    suites = {kind: tasks(families, kind, args.seeds, args.size) for kind in args.kinds.split(",")}
+    suites = {kind: tasks(families, kind, args.seeds, args.size, args.seed_offset) for kind in args.kinds.split(",")}
     results: dict[str, dict] = {}
     for spec in args.models:
         name, _, model = spec.partition("=")
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             served.stop()
     print(f"episodes: {work}")
-    summary = {"families": families, "seeds": args.seeds, "size": args.size, "bases": BASES,
+    summary = {"families": families, "seeds": args.seeds, "seed_offset": args.seed_offset, "size": args.size, "bases": BASES,
                "concurrency": args.concurrency, "max_turns": args.max_turns,
                "temperature": args.temperature, "dtype": args.dtype, "results": results}
     (out / "heldout.json").write_text(json.dumps(summary, indent=2))

@@ -67,7 +67,9 @@ def test_recipe_rl_flags_reach_the_rl_stage():
     assert (r.rl_kl_coef, r.rl_train_only) == (0.1, ("norm", "gate"))
     default = recipe_from_args(build_parser().parse_args("recipe tiny --out x".split()))
     assert (default.rl_adam_eps, default.rl_negative_weight, default.control) == (1e-8, 1.0, "none")
-    assert (default.rl_kl_coef, default.rl_train_only) == (0.0, ())
+    assert (default.rl_kl_coef, default.rl_train_only, default.rl_lr) == (0.0, ("norm",), 5e-3)
+    every = recipe_from_args(build_parser().parse_args(["recipe", "tiny", "--out", "x", "--rl-train-only", ""]))
+    assert every.rl_train_only == ()
     assert default.vary_timings and default.vary_environment
 
 
