@@ -26,6 +26,7 @@ and how many of those the trainer would have chosen differently (`routes_replaye
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 import time
@@ -142,9 +143,7 @@ class Trainer:
             raise ValueError(f"train_only {c.train_only} matches no parameter of the model")
         self.ref_model = None
         if self.loss.kl_coef > 0:  # the frozen reference for the KL penalty: the weights training starts from
-            self.ref_model = load_model(model_dir, device=self.device, dtype=torch.float32, quant="none")
-            self.ref_model.to_training(c.mxfp8_experts)
-            self.ref_model.requires_grad_(False)
+            self.ref_model = copy.deepcopy(self.model).requires_grad_(False)
         self.optimizer = torch.optim.AdamW(self.params, lr=c.lr, betas=c.betas, eps=c.eps,
                                            weight_decay=c.weight_decay, foreach=True)
         self.policy_version = int(read_policy(model_dir).get("policy_version", 0))
@@ -155,13 +154,14 @@ class Trainer:
     score_trained_only = True  # run the LM head on trained positions only (see _token_logprobs)
 
     def _token_logprobs(self, ids_BL: torch.Tensor, mask_BL: torch.Tensor | None = None,
-                        routes_BLMK: torch.Tensor | None = None, model=None) -> torch.Tensor:
+                        routes_BLMK: torch.Tensor | None = None,
+                        model: torch.nn.Module | None = None) -> torch.Tensor:
         """Log-prob of each token given the ones before it: [B, L-1] (position t scores token t+1).
         With `mask_BL`, only tokens where it is set are scored (0 elsewhere): the LM head and the
         softmax over the vocabulary then run on those positions alone, which is most of the cost of a
         small model whose trained (sampled) tokens are a fraction of each sequence. `routes_BLMK`: the
         experts to replay (pad_routes). `model`: another model of the same shape (the KL reference)."""
-        m = model or self.model
+        m = self.model if model is None else model
         autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" else nullcontext()
         if not self.config.replay_routes:
             routes_BLMK = None
@@ -258,7 +258,8 @@ class Trainer:
         that the micro-batches sum to the batch's loss; adds its loss terms into `sums`. Returns the
         loss, |trainer - sampler| log-prob per token [B, T] and the trained-token mask [B, T]."""
         ids, mask, slp = pad(mb, self.device)
-        logp_BT = self._token_logprobs(ids, mask if self.score_trained_only else None, pad_routes(mb, self.device))
+        scored, routes = mask if self.score_trained_only else None, pad_routes(mb, self.device)
+        logp_BT = self._token_logprobs(ids, scored, routes)
         mask_BT, slp_BT = mask[:, 1:], slp[:, 1:]
         if advantages is None:
             loss = -(logp_BT * mask_BT).sum() / total_tokens
@@ -268,8 +269,7 @@ class Trainer:
             ref_BT = None
             if self.ref_model is not None:  # the same tokens, experts and trained positions, frozen weights
                 with torch.no_grad():
-                    ref_BT = self._token_logprobs(ids, mask if self.score_trained_only else None,
-                                                  pad_routes(mb, self.device), model=self.ref_model)
+                    ref_BT = self._token_logprobs(ids, scored, routes, model=self.ref_model)
             loss, metrics = policy_loss(logp_BT, slp_BT, adv_B, mask_BT, self._loss_config(n_seqs),
                                         ref_logprobs_BT=ref_BT)
             loss = loss * self._scale(mask_BT, len(mb), total_tokens, n_seqs)
