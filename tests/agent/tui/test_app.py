@@ -334,7 +334,7 @@ def test_an_unreachable_server_is_reported_and_the_app_stays_usable(tmp_path):
 
 
 def test_a_message_sent_during_a_turn_is_queued_then_sent(repo):
-    slow = " ".join(f"word{i}" for i in range(150))
+    slow = " ".join(f"word{i}" for i in range(300))
     script = [
         {"content": slow, "delay_s": 0.02},
         {"content": "Got both."},
