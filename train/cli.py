@@ -94,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--sft-lr", dest="sft_lr", type=float)
     rec.add_argument("--rl-steps", dest="rl_steps", type=int)
     rec.add_argument("--rl-lr", dest="rl_lr", type=float)
+    rec.add_argument("--rl-seeds", dest="rl_seeds", type=int,
+                     help="RL's tasks: this many training seeds after SFT's (default 2000; 0: SFT's own seeds)")
     rec.add_argument("--rl-sizes", dest="rl_sizes", help="comma-separated sizes RL trains on")
     rec.add_argument("--group-size", dest="rl_group_size", type=int)
     rec.add_argument("--groups-per-step", dest="rl_groups_per_step", type=int)

@@ -73,8 +73,16 @@ class TinyRecipe:
     sft_lr: float = 2e-3
     rl_steps: int = 25
     rl_sizes: tuple[str, ...] = ("small",)
+    rl_seeds: int | None = 2000
+    """RL's tasks: this many training-split seeds right after SFT's (BASE+N .. BASE+N+rl_seeds-1), so RL
+    never replays a task whose expert answer SFT memorised. There the memorised answer is right and a
+    reward teaches recall; on fresh tasks the same bug on other lines rewards reading the file. None:
+    RL on SFT's own seeds."""
     rl_group_size: int = 4
     rl_groups_per_step: int = 8
+    rl_save_every: int = 10
+    """RL checkpoints (weights, optimizer, RNG, task cursor) every this many steps: a killed recipe resumes its
+    RL stage from the last one instead of step 0."""
     rl_lr: float = 5e-3
     """The RL stage's AdamW learning rate, for the RMSNorm gains it trains by default (`rl_train_only`);
     training every weight needs ~10x less (5e-4 with rl_adam_eps 1e-5 held the SFT level, no higher)."""
@@ -137,6 +145,8 @@ class TinyRecipe:
             rl_group_size=2,
             rl_groups_per_step=1,
             rl_workers=2,
+            rl_seeds=2,
+            rl_save_every=1,
             eval_seeds=1,
             max_output_tokens=24,
             max_turns=2,
@@ -168,15 +178,27 @@ def say(msg: str) -> None:
 # -- tasks ------------------------------------------------------------------------------------------------
 
 
-def train_tasks(r: TinyRecipe, seeds: int | None = None, sizes: tuple[str, ...] | None = None):
+def train_tasks(r: TinyRecipe, seeds: int | None = None, sizes: tuple[str, ...] | None = None, skip: int = 0,
+                families: tuple[str, ...] | None = None):
+    """The training split: seeds BASE+skip .. BASE+skip+seeds-1 (seeds: r.train_seeds) of each family and size."""
     from agent.tasks.families import generate
 
+    first = r.train_seed_base + skip
     return [
         generate(f, s, size, "train")
-        for s in range(r.train_seed_base, r.train_seed_base + (seeds if seeds is not None else r.train_seeds))
-        for f in r.families
+        for s in range(first, first + (seeds if seeds is not None else r.train_seeds))
+        for f in (families or r.families)
         for size in (sizes or r.sizes)
     ]
+
+
+def rl_tasks(r: TinyRecipe):
+    """RL's tasks of the model's families: the training split's seeds after SFT's (r.rl_seeds of them),
+    or SFT's own (None)."""
+    fams = r.model_families or r.families
+    if r.rl_seeds is None:
+        return train_tasks(r, sizes=r.rl_sizes, families=fams)
+    return train_tasks(r, seeds=r.rl_seeds, sizes=r.rl_sizes, skip=r.train_seeds, families=fams)
 
 
 def heldout_tasks(r: TinyRecipe):
@@ -633,7 +655,7 @@ def _eval_t1(
 
 def _rl(sft_dir: Path, rl_dir: Path, r: TinyRecipe, served: Served) -> None:
     from train.algo import LossConfig
-    from train.rl import RLConfig
+    from train.rl import RLConfig, latest_checkpoint
     from train.rl import run as rl_run
     from train.trainer import TrainerConfig
 
@@ -644,17 +666,20 @@ def _rl(sft_dir: Path, rl_dir: Path, r: TinyRecipe, served: Served) -> None:
         max_staleness=1,
         workers=r.rl_workers,
         seed=r.seed,
-        save_every=max(r.rl_steps, 1),
+        save_every=max(1, min(r.rl_save_every, r.rl_steps)),
         temperature=1.0,
         max_output_tokens=r.max_output_tokens,
         vary_environment=r.vary_environment,
         shuffle_rewards=r.control == "shuffle",
     )
     tasks = _limit_turns(
-        [t for t in train_tasks(r, sizes=r.rl_sizes) if not r.model_families or t.family in r.model_families],
+        rl_tasks(r),
         r,
     )
     server = served.serve(sft_dir)
+    resume = latest_checkpoint(rl_dir) is not None  # a killed run goes on from its last checkpoint
+    if resume:
+        say(f"rl: resuming from {latest_checkpoint(rl_dir)}")
     rl_run(
         sft_dir,
         tasks,
@@ -666,6 +691,7 @@ def _rl(sft_dir: Path, rl_dir: Path, r: TinyRecipe, served: Served) -> None:
         base_url=server.base_url,
         api_key=server.api_key,
         served_name=server.model,
+        resume=resume,
     )
     last = max((rl_dir / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
     export_serving(last, rl_dir / "final")
@@ -712,4 +738,6 @@ def recipe_from_args(args) -> TinyRecipe:
     for k in ("families", "sizes", "rl_sizes", "eval_sizes", "model_families", "rl_train_only"):
         if isinstance(kw.get(k), str):
             kw[k] = tuple(x for x in kw[k].split(",") if x)
+    if kw.get("rl_seeds") == 0:
+        kw["rl_seeds"] = None  # RL on SFT's own seeds
     return TinyRecipe.smoke(**kw) if args.smoke else TinyRecipe(**kw)

@@ -4,10 +4,18 @@ harness (scripted expert over loopback, a real composer-serve, real workspaces a
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
-from train.recipe import TinyRecipe, distinct_prompt_parts, heldout_tasks, reward_config, train_tasks
+from train.recipe import (
+    TinyRecipe,
+    distinct_prompt_parts,
+    heldout_tasks,
+    reward_config,
+    rl_tasks,
+    train_tasks,
+)
 
 
 def test_parts_never_share_a_prompt_and_keep_every_task():
@@ -39,6 +47,17 @@ def test_splits_are_disjoint_and_the_control_zeroes_every_reward():
         reward_config(TinyRecipe(control="random"))
 
 
+def test_rl_trains_on_training_seeds_sft_never_saw():
+    r = TinyRecipe(train_seeds=5, rl_seeds=7, families=("bugfix", "find-def"), model_families=("bugfix",),
+                   sizes=("small", "medium"), rl_sizes=("small",))
+    sft, rl = train_tasks(r), rl_tasks(r)
+    assert {t.split for t in rl} == {"train"} and {t.family for t in rl} == {"bugfix"}
+    assert sorted(t.seed for t in rl) == list(range(5, 12))  # right after SFT's seeds 0..4
+    assert not {t.id for t in rl} & {t.id for t in sft} and not {t.seed for t in rl} & {t.seed for t in heldout_tasks(r)}
+    same = rl_tasks(TinyRecipe(train_seeds=5, rl_seeds=None, model_families=("bugfix",)))
+    assert sorted(t.seed for t in same) == list(range(5))
+
+
 def test_recipe_flags_set_the_model_shape():
     from train.cli import build_parser
     from train.recipe import recipe_from_args
@@ -60,16 +79,18 @@ def test_recipe_rl_flags_reach_the_rl_stage():
 
     args = build_parser().parse_args(
         ("recipe tiny --out x --rl-steps 50 --rl-lr 5e-4 --rl-adam-eps 1e-5 --negative-weight 0.5 --control shuffle "
-         "--rl-kl-coef 0.1 --rl-train-only norm,gate").split()
+         "--rl-kl-coef 0.1 --rl-train-only norm,gate --rl-seeds 300").split()
     )
     r = recipe_from_args(args)
     assert (r.rl_steps, r.rl_lr, r.rl_adam_eps, r.rl_negative_weight, r.control) == (50, 5e-4, 1e-5, 0.5, "shuffle")
-    assert (r.rl_kl_coef, r.rl_train_only) == (0.1, ("norm", "gate"))
+    assert (r.rl_kl_coef, r.rl_train_only, r.rl_seeds) == (0.1, ("norm", "gate"), 300)
     default = recipe_from_args(build_parser().parse_args("recipe tiny --out x".split()))
     assert (default.rl_adam_eps, default.rl_negative_weight, default.control) == (1e-8, 1.0, "none")
     assert (default.rl_kl_coef, default.rl_train_only, default.rl_lr) == (0.0, ("norm",), 5e-3)
     every = recipe_from_args(build_parser().parse_args(["recipe", "tiny", "--out", "x", "--rl-train-only", ""]))
     assert every.rl_train_only == ()
+    assert default.rl_seeds == 2000
+    assert recipe_from_args(build_parser().parse_args("recipe tiny --out x --rl-seeds 0".split())).rl_seeds is None
     assert default.vary_timings and default.vary_environment
 
 
@@ -115,6 +136,18 @@ def test_smoke_recipe_runs_every_stage(tmp_path):
     logits = model.forward_train(ids)
     assert logits.shape[-1] == json.loads((out / "export" / "config.json").read_text())["vocab_size"]
     assert torch.isfinite(logits).all()
+
+    # killed after RL's first checkpoint: the rerun resumes RL from it (step 1 is not redone) and finishes
+    rl_dir = out / "rl"
+    first = (rl_dir / "checkpoints" / "step-1").stat().st_ino
+    for gone in (rl_dir / "final", rl_dir / "checkpoints" / "step-2", out / "eval-rl", out / "export"):
+        shutil.rmtree(gone)
+    assert main(["recipe", "tiny", "--smoke", "--out", str(out), "--seed", "0", "--families", "find-def"]) == 0
+    assert (rl_dir / "checkpoints" / "step-1").stat().st_ino == first
+    assert (rl_dir / "checkpoints" / "step-2").is_dir() and (out / "export" / "model.safetensors").exists()
+    rl = [json.loads(line) for line in (rl_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in rl] == [0, 1]
+    assert json.loads((out / "export" / "composer_policy.json").read_text())["policy_version"] == 2
 
 
 @pytest.mark.slow
