@@ -3,7 +3,11 @@ trained on ("seen code": the training pool's own names, seeds 50,000+ that no re
 code under fresh names ("renamed": seeds 900,000+) and on the held-out pool ("unseen code": modules and
 function names that appear nowhere in training, seeds 1,000,000+).
 
-    python bench/tiny_heldout.py NAME=MODEL_DIR... [--families find-def] [--seeds 150] [--seed-offset 0] [--kinds seen,renamed,unseen] [--temperature 0] [--dtype float64] [--concurrency 2] [--out bench/tiny]
+    python bench/tiny_heldout.py NAME=MODEL_DIR... [--families find-def] [--seeds 150] [--seed-offset 0] [--kinds seen,renamed,unseen] [--temperature 0] [--samples 1] [--dtype float64] [--concurrency 2] [--out bench/tiny]
+
+With --samples K (and a temperature above 0) every task runs K times: pass@1 is then the mean over all K
+runs, and pass@K the share of tasks solved at least once, the most RL can sharpen towards from this
+policy (a group of K episodes of a task with no success has no signal to learn from).
 
 Each model is served by composer-serve (one server, weights switched between models) and run through
 the eval runner, as the recipe's own held-out eval does. Writes heldout.json and a plot next to it.
@@ -41,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-turns", type=int, default=4)
     ap.add_argument("--max-output-tokens", type=int, default=96)
     ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); 1: the policy RL samples")
+    ap.add_argument("--samples", type=int, default=1,
+                    help="episodes per task (with --temperature > 0): adds pass@K and each task's solve count")
     ap.add_argument("--dtype", default="float64", choices=["float32", "float64"],
                     help="float64 (default): as the built-in model is served, the same greedy choices on every CPU")
     ap.add_argument("--concurrency", type=int, default=2,
@@ -48,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
                          "times every tool call 2-5x slower, as a slow or busy machine would")
     ap.add_argument("--out", default="bench/tiny")
     args = ap.parse_args(argv)
+    if args.samples < 1 or (args.samples > 1 and args.temperature == 0):
+        ap.error("--samples must be >= 1, and above 1 only with --temperature > 0 (greedy repeats itself)")
 
     from train.recipe import PYTEST_ENV, Served, TinyRecipe, evaluate, headline
 
@@ -67,15 +75,21 @@ def main(argv: list[str] | None = None) -> int:
         served = Served(work / f"{name}-server.log", dtype=args.dtype)
         try:
             for kind, suite in suites.items():
-                report = evaluate(served.serve(model_dir), suite, work / f"{name}-{kind}", r,
-                                  temperature=args.temperature)
-                results[name][kind] = headline(report)
+                if args.samples == 1:
+                    report = evaluate(served.serve(model_dir), suite, work / f"{name}-{kind}", r,
+                                      temperature=args.temperature)
+                    results[name][kind] = headline(report)
+                else:
+                    results[name][kind] = _sampled(served.serve(model_dir), suite, work / f"{name}-{kind}", r,
+                                                   args.temperature, args.samples, name)
+                    print(f"{name:>16} {kind:>6} code: pass@{args.samples} {results[name][kind]['pass@k']}",
+                          flush=True)
                 print(f"{name:>16} {kind:>6} code: pass@1 {results[name][kind]['pass@1']} "
                       f"(by family: {results[name][kind]['families']})", flush=True)
         finally:
             served.stop()
     print(f"episodes: {work}")
-    summary = {"families": families, "seeds": args.seeds, "seed_offset": args.seed_offset, "size": args.size, "bases": BASES,
+    summary = {"families": families, "seeds": args.seeds, "samples": args.samples, "seed_offset": args.seed_offset, "size": args.size, "bases": BASES,
                "concurrency": args.concurrency, "max_turns": args.max_turns,
                "temperature": args.temperature, "dtype": args.dtype, "results": results}
     (out / "heldout.json").write_text(json.dumps(summary, indent=2))
@@ -86,6 +100,26 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {name} | {' | '.join(cells)} |")
     _plot(results, out / "heldout.png", families, args.temperature)
     return 0
+
+
+def _sampled(server, suite, folder: Path, r, temperature: float, k: int, name: str) -> dict:
+    """K runs of `suite` at `temperature`: pass@1 over all runs, pass@K, and each task's solve count."""
+    from train.recipe import evaluate
+
+    solved: dict[str, int] = {t.id: 0 for t in suite}
+    for j in range(k):
+        print(f"{name}: sample {j + 1}/{k}", flush=True)
+        evaluate(server, suite, folder / f"sample-{j}", r, temperature=temperature)
+        for line in (folder / f"sample-{j}" / "results.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            solved[row["task_id"]] += bool(row["passed"])
+    n = len(solved)
+    by_family: dict[str, list[int]] = {}
+    for t in suite:
+        by_family.setdefault(t.family, []).append(solved[t.id])
+    return {"pass@1": round(sum(solved.values()) / (k * n), 4), "pass@k": round(sum(c > 0 for c in solved.values()) / n, 4),
+            "k": k, "families": {f: round(sum(c) / (k * len(c)), 4) for f, c in sorted(by_family.items())},
+            "solved": solved}
 
 
 def _plot(results: dict, path: Path, families: list[str], temperature: float) -> None:
