@@ -118,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="also evaluate held-out at T=1, the temperature RL samples at")
     rec.add_argument("--max-turns", dest="max_turns", type=int, help="model turns per episode (RL and eval)")
     rec.add_argument("--max-output-tokens", dest="max_output_tokens", type=int, help="max_tokens per model request")
+    rec.add_argument("--expert-mistakes", dest="expert_mistakes", type=float,
+                     help="share of bugfix tasks where the expert's first edit fails and it recovers (SFT learns "
+                          "the recovery, not the mistake; default 0)")
     rec.add_argument("--init", help="start from this checkpoint (same tokenizer) instead of a random model")
     rec.add_argument("--skip-rl", dest="skip_rl", action="store_true", default=None, help="stop after SFT")
     rec.add_argument("--concurrency", type=int, help="episodes at once when recording and evaluating")

@@ -23,9 +23,10 @@ from serve.chat_format import ChatFormat
 
 
 class ExpertTokenServer:
-    def __init__(self, model_dir: str | Path, tasks: list[Task], name: str = "expert", version: int = 0):
+    def __init__(self, model_dir: str | Path, tasks: list[Task], name: str = "expert", version: int = 0,
+                 mistakes: float = 0.0):
         self.chat = ChatFormat(model_dir)
-        self.plans = plans(tasks)
+        self.plans = plans(tasks, mistakes)
         self.name, self.version = name, version
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.httpd.daemon_threads = True
@@ -126,14 +127,15 @@ class ExpertTokenServer:
 
 
 def record(model_dir: str | Path, tasks: list[Task], out: str | Path, concurrency: int = 4,
-           vary_environment: bool = False) -> dict[str, Any]:
+           vary_environment: bool = False, mistakes: float = 0.0) -> dict[str, Any]:
     """Run the expert on `tasks` through the real harness with token recording; sessions land in
     OUT/sessions (ready for `composer-train sft`), the eval report in OUT/report.json. `vary_environment`:
-    each episode in another folder, git state and date (agent/tasks/variation.py)."""
+    each episode in another folder, git state and date (agent/tasks/variation.py). `mistakes`: the share of
+one-edit tasks where the expert first makes a failed edit and recovers (SFT trains on the recovery only)."""
     from agent.config import Config
     from agent.tasks.eval import EvalConfig, run_eval
 
-    with ExpertTokenServer(model_dir, tasks) as srv:
+    with ExpertTokenServer(model_dir, tasks, mistakes=mistakes) as srv:
         config = Config(base_url=srv.base_url, model=srv.name, record_tokens=True)
         ecfg = EvalConfig(concurrency=concurrency, sandbox=False, vary_environment=vary_environment)
         return run_eval(tasks, config, ecfg, out)

@@ -119,6 +119,10 @@ class TinyRecipe:
     """Record the expert data (and the tokenizer's corpus) and run the RL episodes in varied folders, git
     states and dates (agent/tasks/variation.py), so the model does not tie its answers to one workspace
     path or day."""
+    expert_mistakes: float = 0.0
+    """Share of the one-edit tasks (bugfix) where the expert's first edit misremembers the line (an
+    old_string the file does not have) and the next turn recovers by copying it as the edit tool's error
+    shows it. SFT learns the recovery, never the mistake (a turn with a failed call is context)."""
     vary_timings: bool = True
     """SFT sees each expert episode, each epoch, with its tool results timed as on a machine of another
     speed (train/timings.py), so a slower or busier machine than the recording one does not derail it."""
@@ -368,7 +372,8 @@ def sft(model_dir: Path, sessions: Path, out: Path, r: TinyRecipe) -> list[dict[
         if not r.model_families or any(f.name.startswith(fam + "-") for fam in r.model_families)
     ]
     episodes = [load(f) for f in files]
-    recorded = [build_samples(data, chat=chat, spec_hash=spec_hash) for data in episodes]
+    # a turn whose tool call failed is context, not a target: the expert's deliberate mistakes
+    recorded = [build_samples(data, chat=chat, spec_hash=spec_hash, train_failed=False) for data in episodes]
     samples = [s for ep in recorded for s in ep]
     if not samples:
         raise ValueError(f"{sessions} holds no expert samples")
@@ -386,7 +391,7 @@ def sft(model_dir: Path, sessions: Path, out: Path, r: TinyRecipe) -> list[dict[
         if r.vary_timings:  # each epoch sees the episodes as machines of other speeds would have timed them
             varied = [vary_timings(data, chat, timing_rng) for data in episodes]  # the same object: kept as recorded
             samples = [s for data, v, ep in zip(episodes, varied, recorded, strict=True)
-                       for s in (ep if v is data else build_samples(v, spec_hash=spec_hash))]
+                       for s in (ep if v is data else build_samples(v, spec_hash=spec_hash, train_failed=False))]
         order = list(range(len(samples)))
         rng.shuffle(order)
         for i in range(0, len(order), r.sft_batch):
@@ -534,6 +539,8 @@ def run(r: TinyRecipe, out: str | Path, data: str | Path | None = None) -> dict[
         data_key["train_seed_base"] = r.train_seed_base
     if r.vary_environment:  # (absent when off: data folders made before the option stay valid without it)
         data_key["vary_environment"] = True
+    if r.expert_mistakes:  # (absent when 0: data folders made before the option stay valid)
+        data_key["expert_mistakes"] = r.expert_mistakes
     if r.init:  # the expert data is tokenized with the init checkpoint's tokenizer
         data_key["init"] = str(Path(r.init).resolve())
     key_file = data / "data.json"
@@ -572,7 +579,7 @@ def run(r: TinyRecipe, out: str | Path, data: str | Path | None = None) -> dict[
         # The expert finds its plan by the task's prompt, and tasks of different seeds can share one
         # ("test_clamp fails. please fix"): record them in parts whose prompts are distinct.
         for i, part in enumerate(distinct_prompt_parts(train_tasks(r))):
-            report = record(tok_dir, part, tmp / f"part-{i}", r.concurrency, r.vary_environment)
+            report = record(tok_dir, part, tmp / f"part-{i}", r.concurrency, r.vary_environment, r.expert_mistakes)
             passed += round(report["overall"].get("pass@1", 0) * len(part))
             total += len(part)
         if passed < total:

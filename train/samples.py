@@ -117,16 +117,44 @@ def check_rendering(data: SessionData, chat, requests=None) -> None:
                 "the trajectory was rendered by another chat template or tokenizer")
 
 
-def build_samples(data: SessionData, *, chat=None, spec_hash: str | None = None) -> list[Sample]:
-    """The episode's segments as samples (see the module docstring)."""
+def failed_turns(data: SessionData) -> set[int]:
+    """Indices (among the session's requests) of the turns with a tool call that failed: a tool result
+    starting "Error:" right after the assistant message the request produced."""
+    segments: dict[int, list[dict[str, Any]]] = {}
+    for rec in data.records:
+        if rec["type"] == "message":
+            segments.setdefault(rec["segment"], []).append(rec["message"])
+    out, index = set(), 0
+    for rec in data.records:
+        if rec["type"] != "request":
+            continue
+        msgs = segments.get(rec["segment"], [])
+        at = rec["messages"]
+        if at < len(msgs) and msgs[at].get("role") == "assistant" and msgs[at].get("tool_calls"):
+            for m in msgs[at + 1:]:
+                if m.get("role") != "tool":
+                    break
+                if str(m.get("content") or "").startswith("Error:"):
+                    out.add(index)
+                    break
+        index += 1
+    return out
+
+
+def build_samples(data: SessionData, *, chat=None, spec_hash: str | None = None,
+                  train_failed: bool = True) -> list[Sample]:
+    """The episode's segments as samples (see the module docstring). `train_failed=False` (imitation
+    learning): a turn with a failed tool call is context, not a target (the expert's deliberate
+    mistakes, whose recovery is what is taught)."""
     check_spec_hash(data, spec_hash)
     requests = token_requests(data)
     if chat is not None:
         check_rendering(data, chat, requests)
+    skip = set() if train_failed else failed_turns(data)
     episode = str(data.meta.get("id", ""))
     samples: list[Sample] = []
     cur: Sample | None = None
-    for rec, _ in requests:
+    for n, (rec, _) in enumerate(requests):
         prompt, completion = rec["prompt_token_ids"], rec["completion_token_ids"]
         logprobs = [float(x) if x is not None else 0.0 for x in rec["completion_logprobs"]]
         if cur is not None and len(prompt) >= len(cur.token_ids) and prompt[: len(cur.token_ids)] == cur.token_ids:
@@ -135,7 +163,7 @@ def build_samples(data: SessionData, *, chat=None, spec_hash: str | None = None)
             cur = Sample(episode, len(samples))
             samples.append(cur)
             cur.extend(list(prompt), sampled=False)
-        cur.extend(list(completion), sampled=True, logprobs=logprobs)
+        cur.extend(list(completion), sampled=n not in skip, logprobs=None if n in skip else logprobs)
         if rec.get("routed_experts") is not None:
             try:
                 cur.add_routes(*routed_experts.decode(rec["routed_experts"]))

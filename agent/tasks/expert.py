@@ -20,15 +20,16 @@ from agent.tasks.workspace import _safe
 UNKNOWN = {"content": "I don't know this task."}
 
 
-def plans(tasks: list[Task]) -> dict[str, list[tuple[str, list[dict[str, Any]]]]]:
+def plans(tasks: list[Task], mistakes: float = 0.0) -> dict[str, list[tuple[str, list[dict[str, Any]]]]]:
     """Each prompt's (task id, plan) pairs: tasks of different seeds can share a prompt ("where is
-    `clamp` defined?") while their repositories, and so their solutions, differ."""
+    `clamp` defined?") while their repositories, and so their solutions, differ. `mistakes`: the share
+    of one-edit plans with a failed edit and its recovery (families.expert_plan)."""
     from agent.tasks.families import expert_plan
 
     out: dict[str, list[tuple[str, list[dict[str, Any]]]]] = {}
     for t in tasks:
         if t.generator:
-            out.setdefault(t.prompt, []).append((t.id, expert_plan(t)))
+            out.setdefault(t.prompt, []).append((t.id, expert_plan(t, mistakes)))
     return out
 
 

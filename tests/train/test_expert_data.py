@@ -54,3 +54,36 @@ def test_rl_rollouts_run_in_the_environment_drawn_for_them(tiny, tmp_path):
     assert f"/{'/'.join(v.dirs)}/{v.name}\n" in system
     plain_system = load(plain.session_path).records[1]["message"]["content"]
     assert plain.passed and "- Not a git repository." in plain_system and v.date not in plain_system
+
+
+def test_expert_mistakes_recover_and_sft_never_trains_the_mistake(tiny, tmp_path):
+    """With expert mistakes on, a bugfix episode's first edit misses (its old_string is not in the file),
+    the next turn recovers and the task passes; SFT's samples (train_failed=False) hold the failed turn as
+    context only, while everything else is still trained on."""
+    from agent.tasks.families import expert_plan, generate
+    from train.expert_data import ExpertTokenServer
+    from train.rollout import RolloutConfig, run_episode
+    from train.samples import failed_turns
+
+    task = generate("bugfix", 11, "small")
+    plan = expert_plan(task, mistakes=1.0)
+    assert len(plan) == len(expert_plan(task)) + 1 and sum(bool(t.get("mistake")) for t in plan) == 1
+    assert expert_plan(task, mistakes=1.0) == plan  # chosen by the task, the same every time
+    with ExpertTokenServer(tiny, [task], mistakes=1.0) as srv:
+        ep = run_episode(task, 0, RolloutConfig(srv.base_url, "expert", sandbox=False), keep_dir=tmp_path / "ep")
+    assert ep.infra_error is None and ep.passed
+    data = load(ep.session_path)
+    tools = [r["message"]["content"] for r in data.records if r["type"] == "message" and r["message"]["role"] == "tool"]
+    assert sum(t.startswith("Error: old_string was not found") for t in tools) == 1
+    assert failed_turns(data) == {1}
+    requests = [r for r in data.records if r["type"] == "request"]
+    (masked,) = build_samples(data, train_failed=False)
+    (full,) = build_samples(data)
+    assert masked.token_ids == full.token_ids
+    wrong = len(requests[1]["completion_token_ids"])
+    assert full.sampled_tokens - masked.sampled_tokens == wrong > 0
+    start = len(requests[1]["prompt_token_ids"])
+    assert masked.mask[start:start + wrong] == [0] * wrong and full.mask[start:start + wrong] == [1] * wrong
+    shares = [sum(bool(t.get("mistake")) for t in expert_plan(generate("bugfix", s, "small"), 0.25))
+              for s in range(200)]
+    assert 30 <= sum(shares) <= 70  # about a quarter of the tasks

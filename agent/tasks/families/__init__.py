@@ -61,8 +61,49 @@ def materialize(task: Task, root: Path, hidden: bool) -> None:
         p.write_text(text)
 
 
-def expert_plan(task: Task) -> list[dict[str, Any]]:
-    return build(task.generator, task.seed, task.size).plan
+def expert_plan(task: Task, mistakes: float = 0.0) -> list[dict[str, Any]]:
+    """The expert's turns. With `mistakes` > 0, that share of the tasks whose fix is one edit (chosen by
+    the task, not at random per call) gets a first edit whose old_string is not in the file, as a model
+    misremembering the line would write it, then the recovery: the same edit with the line copied as the
+    file has it (the edit tool's error shows it). The failed turn is marked {"mistake": True}."""
+    g = build(task.generator, task.seed, task.size)
+    if mistakes <= 0:
+        return g.plan
+    rng = random.Random(f"mistake:{task.generator}:{task.size}:{task.seed}")
+    if rng.random() >= mistakes:
+        return g.plan
+    for i, turn in enumerate(g.plan):
+        calls = turn.get("tool_calls") or []
+        if len(calls) == 1 and calls[0]["name"] == "edit_file":
+            args = calls[0]["arguments"]
+            wrong = _misremembered(args["old_string"], args["new_string"], g.files.get(args["path"], ""), rng)
+            if wrong is None:
+                return g.plan
+            bad = {**turn, "tool_calls": [_call("edit_file", **{**args, "old_string": wrong})], "mistake": True}
+            fixed = {"reasoning": "That old_string is not in the file: copy the line exactly as the file has it.",
+                     "tool_calls": calls}
+            return [*g.plan[:i], bad, fixed, *g.plan[i + 1:]]
+    return g.plan
+
+
+_SWAPS = {"+": "-", "-": "+", "*": "+", "/": "*", "<": ">", ">": "<", "=": "!"}
+
+
+def _misremembered(old: str, new: str, source: str, rng: random.Random) -> str | None:
+    """An old_string close to `old` but not in `source`: the fixed text (recalled instead of copied) or
+    `old` with one character changed (a digit, an operator or a letter)."""
+    candidates = [new] if rng.random() < 0.5 else []
+    spots = [i for i, c in enumerate(old) if c.isalnum() or c in _SWAPS]
+    for i in rng.sample(spots, min(len(spots), 8)):
+        c = old[i]
+        if c.isdigit():
+            r = str((int(c) + rng.randrange(1, 10)) % 10)
+        elif c in _SWAPS:
+            r = _SWAPS[c]
+        else:
+            r = rng.choice([x for x in "abcdefghijklmnopqrstuvwxyz" if x != c.lower()])
+        candidates.append(old[:i] + r + old[i + 1:])
+    return next((w for w in candidates if w and w != old and w not in source), None)
 
 
 # -- the repository ------------------------------------------------------------------------------------
