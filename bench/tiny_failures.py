@@ -18,6 +18,7 @@ training seed 0..N-1: the model may have memorised it. Bugfix tasks of seen code
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from collections import Counter
@@ -26,27 +27,23 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/train.py must not shadow train/
 
 
+@functools.cache
 def expert_edit(seed: int, size: str) -> tuple[str, str, str]:
+    """The expert's fix of bugfix task `seed`: (path, old_string, new_string)."""
     from agent.tasks.families import build
 
-    call = next(c for turn in build("bugfix", seed, size).plan for c in turn.get("tool_calls") or []
+    args = next(c["arguments"] for turn in build("bugfix", seed, size).plan for c in turn.get("tool_calls") or []
                 if c["name"] == "edit_file")
-    args = call["arguments"] if isinstance(call["arguments"], dict) else json.loads(call["arguments"])
     return args["path"], args["old_string"], args["new_string"]
 
 
 def first_fault(session: Path) -> str:
-    calls: list[str] = []
-    results: list[tuple[str, str]] = []
-    for line in session.read_text().splitlines():
-        rec = json.loads(line)
-        if rec.get("type") != "message":
-            continue
-        msg = rec["message"]
-        calls += [c["function"]["name"] for c in msg.get("tool_calls") or []]
-        if msg.get("role") == "tool":
-            name = calls[len(results)] if len(results) < len(calls) else "?"
-            results.append((name, str(msg.get("content"))))
+    from agent.session import load
+
+    messages = [m for segment in load(session).segments for m in segment]
+    names = {c["id"]: c["function"]["name"] for m in messages for c in m.get("tool_calls") or []}
+    results = [(names.get(m.get("tool_call_id"), "?"), str(m.get("content")))
+               for m in messages if m.get("role") == "tool"]
     reads = [text for name, text in results if name == "read_file"]
     edits = [text for name, text in results if name == "edit_file"]
     if reads and reads[0].startswith("Error"):

@@ -131,7 +131,7 @@ def record(model_dir: str | Path, tasks: list[Task], out: str | Path, concurrenc
     """Run the expert on `tasks` through the real harness with token recording; sessions land in
     OUT/sessions (ready for `composer-train sft`), the eval report in OUT/report.json. `vary_environment`:
     each episode in another folder, git state and date (agent/tasks/variation.py). `mistakes`: the share of
-one-edit tasks where the expert first makes a failed edit and recovers (SFT trains on the recovery only)."""
+    one-edit tasks where the expert first makes a failed edit and recovers (SFT trains on the recovery only)."""
     from agent.config import Config
     from agent.tasks.eval import EvalConfig, run_eval
 

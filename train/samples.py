@@ -120,15 +120,11 @@ def check_rendering(data: SessionData, chat, requests=None) -> None:
 def failed_turns(data: SessionData) -> set[int]:
     """Indices (among the session's requests) of the turns with a tool call that failed: a tool result
     starting "Error:" right after the assistant message the request produced."""
-    segments: dict[int, list[dict[str, Any]]] = {}
-    for rec in data.records:
-        if rec["type"] == "message":
-            segments.setdefault(rec["segment"], []).append(rec["message"])
     out, index = set(), 0
     for rec in data.records:
         if rec["type"] != "request":
             continue
-        msgs = segments.get(rec["segment"], [])
+        msgs = data.segments[rec["segment"]] if rec["segment"] < len(data.segments) else []
         at = rec["messages"]
         if at < len(msgs) and msgs[at].get("role") == "assistant" and msgs[at].get("tool_calls"):
             for m in msgs[at + 1:]:
