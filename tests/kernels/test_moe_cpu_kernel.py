@@ -39,6 +39,36 @@ def test_matches_the_grouped_reference(kernels, T, E, K, D, inter, skew):
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize(("T", "E", "K", "D", "inter"), [
+    (20, 2, 1, 48, 24),  # 10 rows an expert: one pass, tiles of 2 vectors and a 1-vector tail (AVX-512)
+    (96, 4, 2, 128, 64),  # ~48 rows an expert: balanced passes, still the streaming loop for float32
+    (3, 8, 3, 256, 128),  # 1-2 rows: the widest tiles
+])
+def test_register_blocked_rows_match_the_reference(kernels, T, E, K, D, inter):
+    x, ids, w, w13, w2 = make_layer(T, E, K, D, inter, seed=T + D)
+    want = moe_reference(x, ids, w, w13, w2)
+    with torch.inference_mode():
+        got = moe_grouped_kernel(x, ids, w, input_major_copy(w13), input_major_copy(w2), kernels)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("T", "E", "K", "D", "inter"), [
+    (8, 32, 4, 128, 64),  # decode: 1-2 rows an expert
+    (24, 4, 2, 64, 32),  # 11-13 rows an expert: one pass of the bf16 loop
+    (5, 6, 3, 70, 22),  # widths that are not whole vectors: the plain loop
+])
+def test_bfloat16_weights_are_widened_exactly(kernels, T, E, K, D, inter):
+    """bf16 in, float32 accumulation: against the float32 reference on the same bf16-rounded values, the
+    only difference left is the output's own rounding to bf16."""
+    x, ids, w, w13, w2 = make_layer(T, E, K, D, inter, seed=T + 1)
+    xb, w13b, w2b = x.bfloat16(), w13.bfloat16(), w2.bfloat16()
+    want = moe_reference(xb.float(), ids, w, w13b.float(), w2b.float())
+    with torch.inference_mode():
+        got = moe_grouped_kernel(xb, ids, w, input_major_copy(w13b), input_major_copy(w2b), kernels)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, atol=2e-3, rtol=1.6e-2)
+
+
 def test_experts_nobody_picked_are_never_read(kernels):
     x, ids, w, w13, w2 = make_layer(24, 16, 2, 64, 32, seed=5, skew=True)
     unused = sorted(set(range(16)) - set(ids.flatten().tolist()))
