@@ -1,11 +1,13 @@
 """Serving speed on a CPU: the native engine over HTTP against transformers' own static batch.
 
     python bench/serve.py [--shapes e32 e16] [--tokens 64] [--concurrency 1 8 32] [--repeat 3]
-                          [--json /tmp/composer-bench-serve.json] [--skip-trace] [--skip-profile]
+                          [--dtype float32|bfloat16] [--json /tmp/composer-bench-serve.json]
+                          [--skip-trace] [--skip-profile]
 
 For each shape, a random Qwen3-MoE checkpoint is built once under /tmp (e32: ~110 M parameters, hidden
 512, 8 layers, 32 experts top-4, moe_intermediate 256; e16: the earlier benchmark's ~70 M, hidden 768,
-4 layers, 16 experts top-4, moe_intermediate 384), float32 throughout. Three contenders stay up at once
+4 layers, 16 experts top-4, moe_intermediate 384), saved in float32 and run by every contender in
+--dtype (float32 by default: greedy outputs then match transformers'). Three contenders stay up at once
 and take turns, --repeat times per concurrency (medians reported), so a shared machine's drift hits
 them alike:
   - native: `composer-serve --engine native`, C streamed /v1/completions requests over HTTP at once;
@@ -14,6 +16,9 @@ them alike:
     compare a server with (experts implementation --static-experts, default eager; see below);
   - hf: `composer-serve --engine hf` (one request at a time), a secondary row at --hf-concurrency.
 Every request generates exactly --tokens tokens (`ignore_eos`) from a --prompt-len random prompt.
+Each run is followed by the same contenders on other fresh prompts with 1 new token (the prefill alone),
+which splits each wall time into prefill and decode steps: where the time goes, the decode ratio, and the
+native decode step that 2x the static batch would need given the prefill as measured.
 
 Then, unless skipped: a per-step profile of the native model (decode steps at batch 8 and 32 on one
 thread: ms in the experts, in attention, in the rest), and the agent-shaped trace of the prefix cache
@@ -42,6 +47,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this file is named like the package it measures: the package must win
 CHILD_ENV: dict[str, str] = {}  # --threads: OMP_NUM_THREADS for every contender
+DTYPE = "float32"  # --dtype: every contender's
 
 SHAPES = {
     "e32": ("/tmp/composer-bench-moe-e32", dict(vocab_size=4096, hidden_size=512, intermediate_size=1536,
@@ -76,7 +82,7 @@ def prompts_for(concurrency: int, prompt_len: int, seed: int) -> list[list[int]]
 def start_server(model: Path, *args: str) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", **CHILD_ENV}
     proc = subprocess.Popen([sys.executable, "-m", "serve.cli", "--model", str(model), "--port", "0",
-                             "--served-model-name", "bench", "--dtype", "float32", *args],
+                             "--served-model-name", "bench", "--dtype", DTYPE, *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     for line in proc.stdout:
         m = re.search(r"serving .* at (http://\S+/v1) \((.*)\)", line)
@@ -126,9 +132,9 @@ async def http_load(base: str, concurrency: int, tokens: int, prompt_len: int, s
 class StaticBatch:
     """transformers' generate on a static batch, in a worker process (this file with --static-worker)."""
 
-    def __init__(self, model: Path, experts: str):
+    def __init__(self, model: Path, experts: str, dtype: str):
         env = {**os.environ, "PYTHONPATH": str(ROOT), **CHILD_ENV}
-        self.proc = subprocess.Popen([sys.executable, __file__, "--static-worker", str(model), experts],
+        self.proc = subprocess.Popen([sys.executable, __file__, "--static-worker", str(model), experts, dtype],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         if self.proc.stdout.readline().strip() != "ready":
             raise RuntimeError("the static-batch worker did not start")
@@ -144,12 +150,12 @@ class StaticBatch:
         self.proc.wait()
 
 
-def static_worker(model: str, experts: str) -> None:
+def static_worker(model: str, experts: str, dtype: str) -> None:
     """Loads, warms up, then answers one JSON line per batch on stdout (all torch on this one thread)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    m = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32, experts_implementation=experts).eval()
+    m = AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype), experts_implementation=experts).eval()
 
     def generate(prompts: list[list[int]], tokens: int):
         width = max(map(len, prompts))  # left padding: every prompt ends where generation starts
@@ -175,7 +181,8 @@ def static_worker(model: str, experts: str) -> None:
 # -- the profile -------------------------------------------------------------------------------------
 
 
-def step_profile(model_dir: Path, batches: list[int], prompt_len: int, steps: int = 16, rounds: int = 2) -> dict:
+def step_profile(model_dir: Path, batches: list[int], prompt_len: int, steps: int = 16, rounds: int = 2,
+                 dtype: str = "float32") -> dict:
     """ms per decode step at each batch size, split into experts (router + expert matmuls), attention
     (projections, rope, cache writes, attention itself) and the rest (embedding, norms, residuals,
     lm_head, the runner's bookkeeping, argmax). Timed by wrapping the modules' forwards (a CPU runs ops
@@ -208,7 +215,7 @@ def step_profile(model_dir: Path, batches: list[int], prompt_len: int, steps: in
     def one(model, B: int, kernels) -> dict:
         blocks = B * (-(-(prompt_len + steps + 8) // 16)) + 1
         bm = BlockManager(blocks, 16, False)
-        runner = ModelRunner(model, blocks, 16, torch.device("cpu"), torch.float32, kernels)
+        runner = ModelRunner(model, blocks, 16, torch.device("cpu"), getattr(torch, dtype), kernels)
         rng = random.Random(B)
         seqs = [Sequence([rng.randrange(10, 4000) for _ in range(prompt_len)], SamplingParams(max_tokens=steps))
                 for _ in range(B)]
@@ -239,9 +246,9 @@ def step_profile(model_dir: Path, batches: list[int], prompt_len: int, steps: in
         from kernels import cpu_ext
 
         kernels = cpu_ext.load(build_in_background=False)
-        now = load_model(model_dir, dtype=torch.float32)
+        now = load_model(model_dir, dtype=getattr(torch, dtype))
         now.pack_for_cpu(cpu_kernels=kernels)
-        before = load_model(model_dir, dtype=torch.float32)
+        before = load_model(model_dir, dtype=getattr(torch, dtype))
         before.pack_for_cpu()
         for moe in before.moe_layers():  # back to the checkpoint's [E, N, D] row-major layout
             moe.w13, moe.w2 = moe.w13.contiguous(), moe.w2.contiguous()
@@ -299,12 +306,13 @@ def trace(model: Path) -> dict:
 def measure_shape(shape: str, args) -> dict:
     model = build_checkpoint(shape)
     size = sum(p.stat().st_size for p in model.glob("*.safetensors")) / 2**20
-    print(f"\n# {shape}: {model} ({size:.0f} MiB safetensors, fp32)", flush=True)
+    print(f"\n# {shape}: {model} ({size:.0f} MiB safetensors, fp32), every contender in {DTYPE}", flush=True)
     servers = {"native": start_server(model, "--engine", "native")}
     if args.hf_concurrency:
         servers["hf"] = start_server(model, "--engine", "hf")
-    static = StaticBatch(model, args.static_experts)
+    static = StaticBatch(model, args.static_experts, DTYPE)
     runs: dict[str, dict[int, list[dict]]] = {e: {c: [] for c in args.concurrency} for e in ("native", "static", "hf")}
+    prefill: dict[str, dict[int, list[float]]] = {e: {c: [] for c in args.concurrency} for e in ("native", "static")}
     try:
         for c in args.concurrency:
             for r in range(args.repeat):
@@ -317,9 +325,15 @@ def measure_shape(shape: str, args) -> dict:
                 if c in args.hf_concurrency:
                     runs["hf"][c].append(asyncio.run(http_load(servers["hf"][1], c, args.tokens, args.prompt_len,
                                                                seed=seed)))
+                # the same batch with one new token: the prefill alone (other fresh prompts), so the wall
+                # splits into prefill and decode steps for both contenders
+                prefill["native"][c].append(asyncio.run(http_load(servers["native"][1], c, 1, args.prompt_len,
+                                                                   seed=seed + 500))["wall"])
+                prefill["static"][c].append(static.run(c, 1, args.prompt_len, seed=seed + 500)["wall"])
                 n, s = runs["native"][c][-1], runs["static"][c][-1]
                 print(f"  c={c} run {r + 1}: native {n['tok_s']:.1f} tok/s, static {s['tok_s']:.1f} tok/s "
-                      f"({n['tok_s'] / s['tok_s']:.2f}x)", flush=True)
+                      f"({n['tok_s'] / s['tok_s']:.2f}x); prefill alone native {prefill['native'][c][-1]:.2f} s, "
+                      f"static {prefill['static'][c][-1]:.2f} s", flush=True)
     finally:
         static.close()
         for proc, _ in servers.values():
@@ -336,10 +350,36 @@ def measure_shape(shape: str, args) -> dict:
         ttft = statistics.median(r["ttft"] for r in runs["native"][c])
         table[c] = {"native_tok_s": med["native"], "static_tok_s": med["static"], "hf_engine_tok_s": med["hf"],
                     "ratio_vs_static": statistics.median(each), "ratio_per_run": each, "native_ttft_s": ttft}
+        table[c].update(split(runs, prefill, c, args.tokens))
         hf = f"{med['hf']:.1f}" if med["hf"] else "-"
         print(f"{c:>5} {med['native']:>12.1f} {med['static']:>12.1f} {statistics.median(each):>8.2f}x "
               f"{' '.join(f'{x:.2f}' for x in each):>16} {hf:>15} {ttft * 1e3:>9.0f}ms")
-    return {"checkpoint": str(model), "mib": size, "table": table, "runs": runs}
+    print(f"\n## {shape}: where the time goes (medians): prefill = the same batch with 1 new token; decode step = "
+          f"(wall - prefill) / {args.tokens - 1}; 2x needs = the native decode step at which native would reach 2x")
+    print(f"{'conc.':>5} {'prefill native':>14} {'static':>7} {'decode step native':>18} {'static':>7} "
+          f"{'decode ratio':>12} {'2x needs':>9}")
+    for c in args.concurrency:
+        t = table[c]
+        need = f"{t['step_ms_for_2x']:.1f} ms" if t["step_ms_for_2x"] > 0 else "impossible"
+        print(f"{c:>5} {t['native_prefill_s']:>12.2f} s {t['static_prefill_s']:>5.2f} s {t['native_step_ms']:>15.1f} ms "
+              f"{t['static_step_ms']:>4.1f} ms {t['decode_ratio']:>11.2f}x {need:>9}")
+    return {"checkpoint": str(model), "mib": size, "table": table, "runs": runs, "prefill_s": prefill}
+
+
+def split(runs: dict, prefill: dict, c: int, tokens: int) -> dict:
+    """Median prefill time, per-step decode time and their ratio for each contender at concurrency c, and the
+    native decode step that would give 2x the static batch with the native prefill as measured (<= 0: 2x
+    cannot be reached by decoding faster)."""
+    out = {}
+    for e in ("native", "static"):
+        pre = statistics.median(prefill[e][c])
+        out[f"{e}_prefill_s"] = pre
+        out[f"{e}_step_ms"] = statistics.median(r["wall"] - p for r, p in zip(runs[e][c], prefill[e][c],
+                                                                               strict=True)) / (tokens - 1) * 1e3
+    out["decode_ratio"] = out["static_step_ms"] / out["native_step_ms"]
+    static_wall = statistics.median(r["wall"] for r in runs["static"][c])
+    out["step_ms_for_2x"] = (static_wall / 2 - out["native_prefill_s"]) / (tokens - 1) * 1e3
+    return out
 
 
 def plot(results: dict, path: Path) -> None:
@@ -368,8 +408,8 @@ def plot(results: dict, path: Path) -> None:
 
 
 def main() -> None:
-    if len(sys.argv) == 4 and sys.argv[1] == "--static-worker":
-        return static_worker(sys.argv[2], sys.argv[3])
+    if len(sys.argv) == 5 and sys.argv[1] == "--static-worker":
+        return static_worker(*sys.argv[2:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=["e32", "e16"])
     ap.add_argument("--tokens", type=int, default=64, help="tokens generated per request")
@@ -380,6 +420,9 @@ def main() -> None:
                     help="concurrencies for the --engine hf row (it serves one request at a time)")
     ap.add_argument("--static-experts", default="eager",
                     help="transformers' experts_implementation for the static batch (eager, grouped_mm, ...)")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                    help="every contender's dtype (the checkpoint is float32): bfloat16 halves the expert bytes a "
+                         "decode step streams, and is fast where the CPU has bf16 dot products (AVX512-BF16, AMX)")
     ap.add_argument("--json", type=Path, default=Path("/tmp/composer-bench-serve.json"))
     ap.add_argument("--skip-trace", action="store_true")
     ap.add_argument("--skip-profile", action="store_true")
@@ -387,6 +430,10 @@ def main() -> None:
                     help="torch threads of every contender (OMP_NUM_THREADS); default torch's own choice. On a "
                          "crowded machine 1 thread each keeps OpenMP barriers from waiting on descheduled threads")
     args = ap.parse_args()
+    global DTYPE
+    DTYPE = args.dtype
+    if args.tokens < 2:
+        ap.error("--tokens must be at least 2 (the decode step is measured against a 1-token run)")
     import torch
 
     if args.threads:
@@ -413,7 +460,7 @@ def main() -> None:
     costs = measure_cpu_costs()
     print(f"CPU costs now: {costs.bytes_per_s / 1e9:.1f} GB/s streamed by few-row matmuls, "
           f"{costs.flops_per_s / 1e9:.0f} GFLOP/s, {costs.op_s * 1e6:.0f} us per small op")
-    results: dict = {"command": " ".join(sys.argv), "threads": torch.get_num_threads(),
+    results: dict = {"command": " ".join(sys.argv), "dtype": DTYPE, "threads": torch.get_num_threads(),
                      "load_average": os.getloadavg(), "machine": platform.machine(), "cores": os.cpu_count(),
                      "torch": torch.__version__, "bf16_flags": bf16, "cpu_costs": vars(costs),
                      "tokens": args.tokens, "prompt_len": args.prompt_len, "static_experts": args.static_experts,
@@ -426,7 +473,7 @@ def main() -> None:
         print(f"{'shape':>5} {'batch':>5} {'step':>6} {'experts':>8} {'attention':>9} {'rest':>6} {'tok/s':>6}  variant "
               "(now: our CPU kernels for decode attention and experts; before: the torch paths)")
         for shape in args.shapes:
-            prof = step_profile(build_checkpoint(shape), [8, 32], args.prompt_len)
+            prof = step_profile(build_checkpoint(shape), [8, 32], args.prompt_len, dtype=DTYPE)
             results["shapes"][shape]["profile"] = prof
             for variant, rows in prof.items():
                 for B, p in rows.items():
