@@ -1,7 +1,7 @@
 """Serving speed on a CPU: the native engine over HTTP against transformers' own static batch.
 
     python bench/serve.py [--shapes e32 e16] [--tokens 64] [--concurrency 1 8 32] [--repeat 3]
-                          [--dtype float32|bfloat16] [--json /tmp/composer-bench-serve.json]
+                          [--dtype float32|bfloat16] [--stream-interval N] [--json /tmp/composer-bench-serve.json]
                           [--skip-trace] [--skip-profile]
 
 For each shape, a random Qwen3-MoE checkpoint is built once under /tmp (e32: ~110 M parameters, hidden
@@ -307,7 +307,7 @@ def measure_shape(shape: str, args) -> dict:
     model = build_checkpoint(shape)
     size = sum(p.stat().st_size for p in model.glob("*.safetensors")) / 2**20
     print(f"\n# {shape}: {model} ({size:.0f} MiB safetensors, fp32), every contender in {DTYPE}", flush=True)
-    servers = {"native": start_server(model, "--engine", "native")}
+    servers = {"native": start_server(model, "--engine", "native", "--stream-interval", str(args.stream_interval))}
     if args.hf_concurrency:
         servers["hf"] = start_server(model, "--engine", "hf")
     static = StaticBatch(model, args.static_experts, DTYPE)
@@ -423,6 +423,8 @@ def main() -> None:
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
                     help="every contender's dtype (the checkpoint is float32): bfloat16 halves the expert bytes a "
                          "decode step streams, and is fast where the CPU has bf16 dot products (AVX512-BF16, AMX)")
+    ap.add_argument("--stream-interval", type=int, default=1,
+                    help="the native server's --stream-interval: tokens per streamed chunk after the first")
     ap.add_argument("--json", type=Path, default=Path("/tmp/composer-bench-serve.json"))
     ap.add_argument("--skip-trace", action="store_true")
     ap.add_argument("--skip-profile", action="store_true")
@@ -460,7 +462,7 @@ def main() -> None:
     costs = measure_cpu_costs()
     print(f"CPU costs now: {costs.bytes_per_s / 1e9:.1f} GB/s streamed by few-row matmuls, "
           f"{costs.flops_per_s / 1e9:.0f} GFLOP/s, {costs.op_s * 1e6:.0f} us per small op")
-    results: dict = {"command": " ".join(sys.argv), "dtype": DTYPE, "threads": torch.get_num_threads(),
+    results: dict = {"command": " ".join(sys.argv), "dtype": DTYPE, "stream_interval": args.stream_interval, "threads": torch.get_num_threads(),
                      "load_average": os.getloadavg(), "machine": platform.machine(), "cores": os.cpu_count(),
                      "torch": torch.__version__, "bf16_flags": bf16, "cpu_costs": vars(costs),
                      "tokens": args.tokens, "prompt_len": args.prompt_len, "static_experts": args.static_experts,

@@ -71,6 +71,8 @@ class ServerState:
     metrics_need_key: bool = False
     log_interval: float = 10.0
     """Seconds between throughput lines while busy (serve/access_log.py); 0: none."""
+    stream_interval: int = 1
+    """Tokens per streamed chunk after the first (--stream-interval)."""
     created: int = field(default_factory=lambda: int(time.time()))
     metrics: Metrics = field(init=False)
     workers: ThreadPoolExecutor = field(init=False)

@@ -126,13 +126,15 @@ def _grammar(state: ServerState, req: ChatCompletionRequest, tools: list[dict[st
         raise APIError(400, str(e), param=e.param, code="invalid_json_schema") from None
 
 
-async def choice_events(state: ServerState, p: Prepared, params: SamplingParams) -> AsyncIterator[tuple[str, Any]]:
+async def choice_events(state: ServerState, p: Prepared, params: SamplingParams,
+                        stream_interval: int = 1) -> AsyncIterator[tuple[str, Any]]:
     """("content"|"reasoning", text), ("tool_call", dict), ("tokens", (ids, logprobs, tops, policy version)),
-    ("finish", ChoiceOut)."""
+    ("finish", ChoiceOut). `stream_interval`: tokens gathered per piece after the first (run_choice)."""
     parser = state.chat.stream_parser(p.tools, parse_tools=p.tools is not None, prompt_text=p.prompt_text)
     out = ChoiceOut()
     pending = parser.feed(p.prefix) if p.prefix else []
-    gen = run_choice(state.engine, state.chat.tokenizer, p.prompt_ids, params, p.stop, state.metrics)
+    gen = run_choice(state.engine, state.chat.tokenizer, p.prompt_ids, params, p.stop, state.metrics,
+                     stream_interval)
     stop_early = False
     try:
         async for piece in gen:
@@ -274,7 +276,7 @@ async def _stream(state: ServerState, req: ChatCompletionRequest, p: Prepared, r
             return lp
 
         try:
-            async for kind, value in choice_events(state, p, per_choice_params(p.params, i)):
+            async for kind, value in choice_events(state, p, per_choice_params(p.params, i), state.stream_interval):
                 if kind == "tokens":
                     if not announced:
                         announced = True

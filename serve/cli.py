@@ -49,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="info (default): an access line per request and a throughput line while busy")
     p.add_argument("--log-interval", type=float, default=10.0,
                    help="seconds between throughput lines while busy (default 10; 0: none)")
+    p.add_argument("--stream-interval", type=int, default=1,
+                   help="tokens per streamed chunk after the first (default 1: every token as it comes); more "
+                        "cuts the server's and the client's per-chunk work at high concurrency, as vLLM's and "
+                        "SGLang's --stream-interval")
     p.add_argument("--tool-call-parser", choices=["hermes", "qwen3_coder"],
                    help="tool-call text format (default: detected from the chat template)")
     n = p.add_argument_group("native engine")
@@ -88,6 +92,8 @@ def _main(argv: list[str] | None = None) -> int:
             return 2
     if args.log_interval < 0:
         parser.error("--log-interval must be >= 0")
+    if args.stream_interval < 1:
+        parser.error("--stream-interval must be >= 1")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     model_dir = Path(args.model)
     if not (model_dir / "config.json").is_file():
@@ -134,7 +140,7 @@ def _main(argv: list[str] | None = None) -> int:
             return 2
         state = ServerState(engine, chat, served, engine.max_model_len, args.api_key, str(model_dir), args.host,
                             max_body_bytes=int(args.max_body_mb * 2**20), metrics_need_key=args.metrics_need_key,
-                            log_interval=args.log_interval)
+                            log_interval=args.log_interval, stream_interval=args.stream_interval)
         app = create_app(state)
         note += f"; policy version {engine.policy_version}"
     print(f"composer-serve: serving {served} at http://{args.host}:{port}/v1 ({note})", flush=True)

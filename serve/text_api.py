@@ -116,7 +116,7 @@ async def _stream(state: ServerState, req: CompletionRequest, jobs, base: dict[s
             await queue.put(({"index": index, "text": text, "finish_reason": None, "logprobs": None}, 0, False, None))
             offset = len(text)
         async for piece in run_choice(state.engine, state.chat.tokenizer, ids, params, req.stop_list(),
-                                      state.metrics):
+                                      state.metrics, state.stream_interval):
             if isinstance(piece, Finish):
                 await queue.put(({"index": index, "text": "", "finish_reason": piece.reason, "logprobs": None},
                                  piece.completion_tokens, True, piece.policy_version))
