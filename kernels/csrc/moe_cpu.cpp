@@ -12,8 +12,7 @@
 // counted and sorted by expert; an expert with few rows streams its weights once, keeping blocks of its
 // output rows in vector registers (bfloat16 weights are widened to float32 in registers: half the bytes
 // of float32 ones); an expert with many rows (prefill) goes to at::mm, which is compute-bound there and
-// does it best. Experts are split over the intra-op threads,
-// so two cores stream two experts at once. Each token's expert outputs are then summed in ascending
+// does it best. Experts are split over the intra-op threads, so two cores stream two experts at once. Each token's expert outputs are then summed in ascending
 // expert order (as the torch grouped path does), so the result does not depend on the thread count.
 // Accumulation is in float32.
 
