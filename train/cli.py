@@ -108,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="KL penalty (k3) of the RL stage to the SFT policy it starts from (default 0: none)")
     rec.add_argument("--rl-train-only", dest="rl_train_only",
                      help="comma-separated regular expressions of the parameter names RL trains, the rest frozen "
-                          "(default norm: the RMSNorm gains; '' trains every weight, then lower --rl-lr ~10x)")
+                          "(default: every weight; norm: the RMSNorm gains alone, which took --rl-lr 5e-3)")
     rec.add_argument("--control", choices=["none", "zero", "shuffle"],
                      help="zero: every reward (so every advantage) is 0; shuffle: each episode trains with another "
                           "episode's reward from its step")

@@ -86,7 +86,8 @@ def test_recipe_rl_flags_reach_the_rl_stage():
     assert (r.rl_kl_coef, r.rl_train_only, r.rl_seeds) == (0.1, ("norm", "gate"), 300)
     default = recipe_from_args(build_parser().parse_args("recipe tiny --out x".split()))
     assert (default.rl_adam_eps, default.rl_negative_weight, default.control) == (1e-8, 1.0, "none")
-    assert (default.rl_kl_coef, default.rl_train_only, default.rl_lr) == (0.0, ("norm",), 5e-3)
+    assert (default.rl_kl_coef, default.rl_train_only, default.rl_lr) == (0.0, (), 1e-4)
+    assert (default.rl_group_size, default.rl_groups_per_step) == (16, 4)
     every = recipe_from_args(build_parser().parse_args(["recipe", "tiny", "--out", "x", "--rl-train-only", ""]))
     assert every.rl_train_only == ()
     assert default.rl_seeds == 2000
