@@ -48,7 +48,7 @@ constexpr int64_t stream_limit() {
   return 16;
 }
 
-// out[m, :] = sum_k a[m, k] * b[k, :] for m < n (n <= kStreamRows), b [K, N] row-major. Four weight
+// out[m, :] = sum_k a[m, k] * b[k, :] for m < n (n <= stream_limit), b [K, N] row-major. Four weight
 // rows at a time per output row: one load and store of the output per four FMAs (the loop is bound by
 // L1 stores otherwise), while the four rows stay in L1 for the next output row.
 template <typename scalar_t>
@@ -218,7 +218,13 @@ void experts(const at::Tensor& x, const int64_t* ids, const float* weights, int6
   float* const y = scratch.data();
   at::parallel_for(0, E, 1, [&](int64_t begin, int64_t end) {
     c10::InferenceMode guard;  // thread-local: a worker thread's at::mm must not build autograd state
-    std::vector<float> a(kStreamRows * D), gu(kStreamRows * I2), h(kStreamRows * I);
+    // per-thread buffers for the streamed experts' rows, kept between calls: sized for up to 64 rows they
+    // would be a fresh mmap, zeroed, for every layer and step
+    thread_local std::vector<float> a, gu, h;
+    const int64_t most = stream_limit<scalar_t>();
+    if (static_cast<int64_t>(a.size()) < most * D) a.resize(most * D);
+    if (static_cast<int64_t>(gu.size()) < most * I2) gu.resize(most * I2);
+    if (static_cast<int64_t>(h.size()) < most * I) h.resize(most * I);
     for (int64_t e = begin; e < end; ++e) {
       const int64_t s = offsets[e], n = offsets[e + 1] - s;
       if (n == 0) continue;  // never read an expert no token chose
