@@ -55,7 +55,7 @@ async def run_choice(engine: Engine, tokenizer, prompt_ids: list[int], params: S
     sends a chunk every N tokens, which at high concurrency cuts the server's and the client's per-chunk
     work (SGLang's and vLLM's --stream-interval)."""
     pending: Piece | None = None
-    tokens_sent = 0
+    first = True
     choice = _choice(engine, tokenizer, prompt_ids, params, stop, metrics)
     try:
         async for item in choice:
@@ -65,8 +65,8 @@ async def run_choice(engine: Engine, tokenizer, prompt_ids: list[int], params: S
                 yield item
                 return
             pending = item if pending is None else pending.merge(item)
-            if len(pending.token_ids) >= (1 if tokens_sent == 0 else stream_interval):
-                tokens_sent += len(pending.token_ids)
+            if len(pending.token_ids) >= (1 if first else stream_interval):
+                first = False
                 yield pending
                 pending = None
     finally:  # a consumer that stops early closes the engine's stream now, not at garbage collection
