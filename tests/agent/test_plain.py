@@ -70,7 +70,7 @@ def test_parallel_tool_calls_stream_one_line_each_and_edits_show_a_coloured_diff
                         {"name": "read_file", "arguments": {"path": "calc.py"}}]},
         {"tool_calls": [{"name": "edit_file", "arguments": {"path": "calc.py", "old_string": "a - b",
                                                             "new_string": "a + b"}}]},
-        {"content": "Fixed `add`."},
+        {"content": "Fixed `add`.", "delay_s": 0.01},  # paced, so the reply streams for more than 1 ms
     ]
     with ScriptedServer(script) as srv:
         child = spawn(repo, srv, "--approval", "auto", colour=True)

@@ -45,7 +45,7 @@ def test_a_task_streams_markdown_and_parallel_cards_run_side_by_side(repo):
             ]
             + [{"name": "grep", "arguments": {"pattern": "return", "output_mode": "content"}}],
         },
-        {"content": "All good:\n\n- `out0`, `out1`, `out2`\n"},
+        {"content": "All good:\n\n- `out0`, `out1`, `out2`\n", "delay_s": 0.01},  # paced: tok/s needs >1 ms
     ]
 
     async def body():
