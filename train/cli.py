@@ -122,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="share of bugfix tasks where the expert's first edit fails and it recovers (SFT learns "
                           "the recovery, not the mistake; default 0)")
     rec.add_argument("--init", help="start from this checkpoint (same tokenizer) instead of a random model")
+    rec.add_argument("--rl-from", dest="rl_from",
+                     help="RL from this trained checkpoint (e.g. serve/builtin/composer-tiny), skipping the data and SFT")
     rec.add_argument("--skip-rl", dest="skip_rl", action="store_true", default=None, help="stop after SFT")
     rec.add_argument("--concurrency", type=int, help="episodes at once when recording and evaluating")
     rec.add_argument("--same-environment", dest="vary_environment", action="store_false", default=None,

@@ -117,6 +117,9 @@ class TinyRecipe:
     skip_rl: bool = False
     init: str | None = None
     """Start from this checkpoint (same tokenizer) instead of a random model."""
+    rl_from: str | None = None
+    """RL from this checkpoint (e.g. the built-in model): it is copied as OUT/sft, and tokenizer, expert
+    data, base and SFT are skipped."""
     vary_environment: bool = True
     """Record the expert data (and the tokenizer's corpus) and run the RL episodes in varied folders, git
     states and dates (agent/tasks/variation.py), so the model does not tie its answers to one workspace
@@ -512,14 +515,14 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
 
 def run(r: TinyRecipe, out: str | Path, data: str | Path | None = None) -> dict[str, Any]:
     """Every stage (skipping those already done); returns OUT/summary.json's content."""
-    from serve.chat_format import ChatFormat
-    from train.expert_data import record
-
     os.environ.update(PYTEST_ENV)
+    if r.rl_from and (r.skip_rl or r.init):
+        raise ValueError("--rl-from starts RL from a trained checkpoint: it goes with neither --skip-rl nor --init")
+    if r.rl_from and not all((Path(r.rl_from) / f).is_file() for f in ("config.json", "model.safetensors")):
+        raise FileNotFoundError(f"--rl-from {r.rl_from}: not a checkpoint folder (no config.json and model.safetensors)")
     out = Path(out)
     data = Path(data) if data else out / "data"
     out.mkdir(parents=True, exist_ok=True)
-    data.mkdir(parents=True, exist_ok=True)
     (out / "recipe.json").write_text(json.dumps(asdict(r), indent=2))
     timings: dict[str, float] = {}
     summary: dict[str, Any] = {"recipe": asdict(r)}
@@ -534,6 +537,35 @@ def run(r: TinyRecipe, out: str | Path, data: str | Path | None = None) -> dict[
         timings[name] = round(time.monotonic() - t0, 1)
         say(f"{name}: done in {timings[name]:.0f}s")
 
+    if r.rl_from:
+        sft_dir = _copy_rl_start(Path(r.rl_from), out / "sft", stage)
+        summary["params"] = n_params(sft_dir)
+        say(f"model: {summary['params']:,} parameters, from {r.rl_from}")
+    else:
+        sft_dir = _sft_stages(r, out, data, stage, summary)
+    _eval_and_rl(r, out, sft_dir, stage, summary, timings)
+    return summary
+
+
+def _copy_rl_start(src: Path, sft_dir: Path, stage) -> Path:
+    """The checkpoint RL starts from, copied whole into the run folder (the source is never written)."""
+
+    def copy() -> None:
+        tmp = sft_dir.with_name(sft_dir.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(src, tmp)
+        os.replace(tmp, sft_dir)
+
+    stage("sft (copied)", sft_dir / "model.safetensors", copy)
+    return sft_dir
+
+
+def _sft_stages(r: TinyRecipe, out: Path, data: Path, stage, summary: dict[str, Any]) -> Path:
+    """Tokenizer, expert data, base model and SFT; returns the SFT checkpoint."""
+    from serve.chat_format import ChatFormat
+    from train.expert_data import record
+
+    data.mkdir(parents=True, exist_ok=True)
     data_key = {
         k: getattr(r, k) for k in ("families", "train_seeds", "sizes", "tokenizer_seeds", "vocab_size")
     }
@@ -608,6 +640,11 @@ def run(r: TinyRecipe, out: str | Path, data: str | Path | None = None) -> dict[
 
     sft_dir = out / "sft"
     stage("sft", sft_dir / "model.safetensors", lambda: sft(base, expert_dir, sft_dir, r))
+    return sft_dir
+
+
+def _eval_and_rl(r: TinyRecipe, out: Path, sft_dir: Path, stage, summary: dict[str, Any], timings) -> None:
+    """Held-out eval of SFT, RL, held-out eval of RL, export; writes OUT/summary.json."""
     heldout = heldout_tasks(r)
     served = Served(out / "server.log")
     try:
@@ -645,7 +682,6 @@ def run(r: TinyRecipe, out: str | Path, data: str | Path | None = None) -> dict[
     old = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
     summary["timings_s"] = old.get("timings_s", {}) | timings
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    return summary
 
 
 def _eval_t1(

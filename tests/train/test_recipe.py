@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +17,8 @@ from train.recipe import (
     rl_tasks,
     train_tasks,
 )
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_parts_never_share_a_prompt_and_keep_every_task():
@@ -169,3 +172,31 @@ def test_init_records_the_expert_data_with_the_init_checkpoints_tokenizer(tmp_pa
         assert (tmp_path / "run" / "data" / "tokenizer" / name).read_bytes() == (init / name).read_bytes()
     assert summary["sft"]["pass@1"] is not None
     assert json.loads((tmp_path / "run" / "data" / "data.json").read_text())["init"] == str(init.resolve())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_rl_from_starts_rl_at_a_trained_checkpoint_and_leaves_it_untouched(tmp_path, capsys):
+    """`--rl-from` (RL the built-in model further): no data, tokenizer or SFT stage; the checkpoint is
+    copied into the run folder, RL starts from its very weights, and the source is never written."""
+    from train.cli import main
+    from train.recipe import n_params, run
+
+    src = tmp_path / "start"
+    shutil.copytree(ROOT / "serve" / "builtin" / "composer-tiny", src)
+    before = {p.name: p.read_bytes() for p in src.iterdir()}
+    out = tmp_path / "run"
+    r = TinyRecipe.smoke(families=("bugfix",), rl_from=str(src), max_output_tokens=48)
+    summary = run(r, out)
+    assert {p.name: p.read_bytes() for p in src.iterdir()} == before
+    assert not (out / "data").exists() and not (out / "base").exists()
+    assert (out / "sft" / "model.safetensors").read_bytes() == before["model.safetensors"]
+    assert summary["params"] == n_params(src) > 2_000_000  # the checkpoint's size, not the smoke shape's
+    rl = [json.loads(line) for line in (out / "rl" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in rl] == [0, 1] and all(m["infra_masked"] == 0 for m in rl)
+    assert json.loads((out / "export" / "composer_policy.json").read_text())["policy_version"] == 2
+    assert (out / "export" / "model.safetensors").read_bytes() != before["model.safetensors"]
+    for extra, says in ((["--rl-from", str(src), "--skip-rl"], "neither --skip-rl"),
+                        (["--rl-from", str(tmp_path)], "not a checkpoint folder")):
+        assert main(["recipe", "tiny", "--smoke", "--out", str(tmp_path / "bad")] + extra) == 2
+        assert says in capsys.readouterr().err and not (tmp_path / "bad").exists()
