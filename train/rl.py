@@ -99,6 +99,9 @@ class Rollouts:
         self.tasks, self.cfg, self.rollout, self.reward_fn, self.out = tasks, cfg, rollout, reward_fn, out
         self.spec_hash = spec_hash
         self.version = version
+        # Versions go up one a step from the start checkpoint's own (0 after SFT, 25 for a model RL made):
+        # batch k is sampled by version base + k - staleness or later
+        self.base = version - first_batch
         self.cond = threading.Condition()
         self.done: dict[int, list[Episode]] = {}
         self.started: dict[int, float] = {}
@@ -118,7 +121,7 @@ class Rollouts:
     def _dispatch(self, k: int) -> None:
         while not self.stop.is_set() and k < self.cfg.steps:
             with self.cond:
-                while self.version < k - self.cfg.max_staleness and not self.stop.is_set():
+                while self.version - self.base < k - self.cfg.max_staleness and not self.stop.is_set():
                     self.cond.wait(0.5)
                 self.started[k] = time.monotonic()
             for g, task in enumerate(tasks_for_batch(self.tasks, k, self.cfg.groups_per_step, self.cfg.seed)):
@@ -156,7 +159,8 @@ class Rollouts:
 
 def advantages_for(episodes: list[Episode], step: int, cfg: RLConfig, loss: LossConfig
                    ) -> tuple[list, list[float], dict[str, int]]:
-    """(samples, advantage per sample, counts) after masking infra failures and stale episodes."""
+    """(samples, advantage per sample, counts) after masking infra failures and stale episodes. `step` is
+    the trainer's policy version at this step (the run's step when it started from version 0)."""
     counts = {"infra_masked": 0, "dropped_stale": 0, "groups_skipped": 0}
     usable: list[Episode] = []
     for ep in episodes:
@@ -253,6 +257,7 @@ def run(model_dir: str | Path, tasks: list[Task], out: str | Path, cfg: RLConfig
         rollouts = DistributedRollouts(tasks, cfg, rollout, reward or RewardConfig(), out, first,
                                        trainer.policy_version, spec_hash, endpoints=urls or None,
                                        backend="processes" if cfg.backend == "threads" else cfg.backend)
+    base = trainer.policy_version - first  # the version step s trains: base + s (checkpoints count on)
     progress = progress or Progress(cfg.steps, first)
     history: list[dict] = []
     threads = torch.get_num_threads()
@@ -266,9 +271,9 @@ def run(model_dir: str | Path, tasks: list[Task], out: str | Path, cfg: RLConfig
             with open(out / "episodes.jsonl", "a") as f:
                 for ep in episodes:
                     f.write(json.dumps({"step": step, **describe(ep)}) + "\n")
-            samples, advs, counts = advantages_for(episodes, step, cfg, loss)
+            samples, advs, counts = advantages_for(episodes, base + step, cfg, loss)
             m: dict[str, Any] = {"step": step, "policy_version": trainer.policy_version}
-            m |= _episode_metrics(episodes, step) | counts
+            m |= _episode_metrics(episodes, base + step) | counts
             if samples:
                 m |= trainer.step(samples, advs)
             else:  # nothing usable: keep versions moving so the staleness gate cannot deadlock
@@ -302,13 +307,13 @@ def run(model_dir: str | Path, tasks: list[Task], out: str | Path, cfg: RLConfig
     return history
 
 
-def _episode_metrics(episodes: list[Episode], step: int) -> dict[str, Any]:
+def _episode_metrics(episodes: list[Episode], version: int) -> dict[str, Any]:
     scored = [ep for ep in episodes if not ep.infra_error]
     n = max(1, len(scored))
     return {"episodes": len(episodes), "reward_mean": round(sum(e.reward for e in scored) / n, 4),
             "pass_rate": round(sum(e.passed for e in scored) / n, 4),
             "completion_tokens": sum(e.completion_tokens for e in scored),
-            "staleness_mean": round(sum(step - e.min_version for e in scored) / n, 3),
+            "staleness_mean": round(sum(version - e.min_version for e in scored) / n, 3),
             "malformed_per_episode": round(sum((e.stats.malformed_tool_calls if e.stats else 0) for e in scored) / n, 3)}
 
 

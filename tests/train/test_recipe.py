@@ -192,9 +192,14 @@ def test_rl_from_starts_rl_at_a_trained_checkpoint_and_leaves_it_untouched(tmp_p
     assert not (out / "data").exists() and not (out / "base").exists()
     assert (out / "sft" / "model.safetensors").read_bytes() == before["model.safetensors"]
     assert summary["params"] == n_params(src) > 2_000_000  # the checkpoint's size, not the smoke shape's
+    # versions count on from the checkpoint's own (the built-in model was made by RL), and staleness is
+    # measured against them: 0..1, not "-25" (which let every batch start at once, with no bound at all)
+    start = json.loads(before["composer_policy.json"])["policy_version"]
     rl = [json.loads(line) for line in (out / "rl" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in rl] == [0, 1] and all(m["infra_masked"] == 0 for m in rl)
-    assert json.loads((out / "export" / "composer_policy.json").read_text())["policy_version"] == 2
+    assert [m["policy_version"] for m in rl] == [start, start + 1]
+    assert all(0 <= m["staleness_mean"] <= 1 and m["dropped_stale"] == 0 for m in rl)
+    assert json.loads((out / "export" / "composer_policy.json").read_text())["policy_version"] == start + 2
     assert (out / "export" / "model.safetensors").read_bytes() != before["model.safetensors"]
     for extra, says in ((["--rl-from", str(src), "--skip-rl"], "neither --skip-rl"),
                         (["--rl-from", str(tmp_path)], "not a checkpoint folder")):

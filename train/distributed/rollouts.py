@@ -65,6 +65,7 @@ class DistributedRollouts(Rollouts):
             raise ValueError(f"unknown rollout backend {backend!r}: processes or ray")
         self.tasks, self.cfg, self.rollout, self.out = tasks, cfg, rollout, out
         self.spec_hash, self.version = spec_hash, version
+        self.base = version - first_batch  # as in Rollouts: batch k waits for version base + k - staleness
         self.cond = threading.Condition()
         self.done: dict[int, list[Episode]] = {}
         self.started: dict[int, float] = {}
