@@ -157,23 +157,23 @@ class Rollouts:
             self.cond.notify_all()
 
 
-def advantages_for(episodes: list[Episode], step: int, cfg: RLConfig, loss: LossConfig
+def advantages_for(episodes: list[Episode], version: int, cfg: RLConfig, loss: LossConfig
                    ) -> tuple[list, list[float], dict[str, int]]:
-    """(samples, advantage per sample, counts) after masking infra failures and stale episodes. `step` is
-    the trainer's policy version at this step (the run's step when it started from version 0)."""
+    """(samples, advantage per sample, counts) after masking infra failures and episodes sampled more
+    than cfg.max_staleness versions before `version`, the one this step trains."""
     counts = {"infra_masked": 0, "dropped_stale": 0, "groups_skipped": 0}
     usable: list[Episode] = []
     for ep in episodes:
         if ep.infra_error or not ep.samples:
             counts["infra_masked"] += 1
-        elif step - ep.min_version > cfg.max_staleness:
+        elif version - ep.min_version > cfg.max_staleness:
             counts["dropped_stale"] += 1
         else:
             usable.append(ep)
     reward_of = {id(ep): ep.reward for ep in usable}
     if cfg.shuffle_rewards:
         order = list(range(len(usable)))
-        random.Random(f"shuffle-rewards/{cfg.seed}/{step}").shuffle(order)  # not the task order's stream
+        random.Random(f"shuffle-rewards/{cfg.seed}/{version}").shuffle(order)  # not the task order's stream
         reward_of = {id(ep): usable[j].reward for ep, j in zip(usable, order, strict=True)}
     by_group: dict[int, list[Episode]] = {}
     for ep in usable:
@@ -257,7 +257,6 @@ def run(model_dir: str | Path, tasks: list[Task], out: str | Path, cfg: RLConfig
         rollouts = DistributedRollouts(tasks, cfg, rollout, reward or RewardConfig(), out, first,
                                        trainer.policy_version, spec_hash, endpoints=urls or None,
                                        backend="processes" if cfg.backend == "threads" else cfg.backend)
-    base = trainer.policy_version - first  # the version step s trains: base + s (checkpoints count on)
     progress = progress or Progress(cfg.steps, first)
     history: list[dict] = []
     threads = torch.get_num_threads()
@@ -271,9 +270,10 @@ def run(model_dir: str | Path, tasks: list[Task], out: str | Path, cfg: RLConfig
             with open(out / "episodes.jsonl", "a") as f:
                 for ep in episodes:
                     f.write(json.dumps({"step": step, **describe(ep)}) + "\n")
-            samples, advs, counts = advantages_for(episodes, base + step, cfg, loss)
+            # staleness in versions: they count on from the start checkpoint's own, one a step
+            samples, advs, counts = advantages_for(episodes, trainer.policy_version, cfg, loss)
             m: dict[str, Any] = {"step": step, "policy_version": trainer.policy_version}
-            m |= _episode_metrics(episodes, base + step) | counts
+            m |= _episode_metrics(episodes, trainer.policy_version) | counts
             if samples:
                 m |= trainer.step(samples, advs)
             else:  # nothing usable: keep versions moving so the staleness gate cannot deadlock

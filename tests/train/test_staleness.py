@@ -18,7 +18,7 @@ def test_stale_episodes_are_dropped_and_infra_failures_masked():
     cfg = RLConfig(max_staleness=1)
     episodes = [ep(0, 1.0, 4), ep(0, 0.0, 4), ep(0, 0.0, 3),  # version 3 at step 5: 2 behind, dropped
                 ep(1, 1.0, 5), ep(1, 0.0, 5, infra="HTTP 500"), ep(1, 1.0, 4)]
-    samples, advs, counts = advantages_for(episodes, step=5, cfg=cfg, loss=LossConfig())
+    samples, advs, counts = advantages_for(episodes, version=5, cfg=cfg, loss=LossConfig())
     assert counts == {"infra_masked": 1, "dropped_stale": 1, "groups_skipped": 0}
     assert len(samples) == 4
     # group 0 keeps rewards [1, 0] -> +-0.5; group 1 keeps [1, 1] -> 0 (the failure is not scored 0)
@@ -26,13 +26,13 @@ def test_stale_episodes_are_dropped_and_infra_failures_masked():
 
 
 def test_synchronous_drops_anything_older_than_the_current_policy():
-    samples, _, counts = advantages_for([ep(0, 1.0, 2), ep(0, 0.0, 3), ep(0, 1.0, 3)], step=3,
+    samples, _, counts = advantages_for([ep(0, 1.0, 2), ep(0, 0.0, 3), ep(0, 1.0, 3)], version=3,
                                         cfg=RLConfig(max_staleness=0), loss=LossConfig())
     assert counts["dropped_stale"] == 1 and len(samples) == 2
 
 
 def test_a_group_left_with_one_episode_is_skipped():
-    samples, _, counts = advantages_for([ep(0, 1.0, 0), ep(0, 0.0, 0, infra="timeout")], step=0,
+    samples, _, counts = advantages_for([ep(0, 1.0, 0), ep(0, 0.0, 0, infra="timeout")], version=0,
                                         cfg=RLConfig(), loss=LossConfig())
     assert samples == [] and counts["groups_skipped"] == 1
 
@@ -40,10 +40,10 @@ def test_a_group_left_with_one_episode_is_skipped():
 def test_shuffled_rewards_control_permutes_rewards_within_the_step():
     rewards = [1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.5, 0.0, 1.0, 0.0, 0.0, 1.0]
     episodes = [ep(i // 4, r, 0) for i, r in enumerate(rewards)]
-    real = advantages_for(episodes, step=0, cfg=RLConfig(), loss=LossConfig())[1]
-    shuffled = [advantages_for(episodes, step=k, cfg=RLConfig(shuffle_rewards=True, seed=1), loss=LossConfig())[1]
+    real = advantages_for(episodes, version=0, cfg=RLConfig(), loss=LossConfig())[1]
+    shuffled = [advantages_for(episodes, version=k, cfg=RLConfig(shuffle_rewards=True, seed=1), loss=LossConfig())[1]
                 for k in range(4)]
-    again = advantages_for(episodes, step=0, cfg=RLConfig(shuffle_rewards=True, seed=1), loss=LossConfig())[1]
+    again = advantages_for(episodes, version=0, cfg=RLConfig(shuffle_rewards=True, seed=1), loss=LossConfig())[1]
     assert shuffled[0] == again  # drawn from seed and step
     assert all(s != real for s in shuffled) and len({tuple(s) for s in shuffled}) > 1
     for s in shuffled:  # every group's advantages still sum to 0; the episodes keep their true rewards
