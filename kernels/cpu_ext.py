@@ -6,6 +6,8 @@
         q/k RMSNorm, rotary embedding and the KV-cache write of one attention layer, one pass per token
     moe_experts(x_TD, ids_TK, weights_TK, w13t_EDN, w2t_EID) -> out_TD
         a MoE layer's routed experts, router output in, layer output out (see kernels/moe.py)
+    moe_float32_gemm() -> "onednn" | "mm"
+        the GEMM moe_experts gives float32 experts with many rows (a prefill): oneDNN's where torch has it
 
 Why kernels: a CPU decode step is bound by moving bytes, and the torch paths moved more than needed
 (pages gathered into a padded copy before attention; experts' few-row matmuls streaming their weights

@@ -7,6 +7,7 @@ namespace composer {
 at::Tensor paged_decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor tables,
                                   at::Tensor lens, int64_t block_size, double scale);
 at::Tensor moe_experts(at::Tensor x, at::Tensor ids, at::Tensor weights, at::Tensor w13t, at::Tensor w2t);
+std::string moe_float32_gemm();
 at::Tensor attention_prologue(at::Tensor qkv, at::Tensor q_norm, at::Tensor k_norm, double eps, at::Tensor cos,
                               at::Tensor sin, at::Tensor k_cache, at::Tensor v_cache, at::Tensor slots,
                               int64_t num_heads);
@@ -19,4 +20,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "q/k RMSNorm, rotary embedding and the KV-cache write of one attention layer (attention_prologue_cpu.cpp)");
   m.def("moe_experts", &composer::moe_experts,
         "a MoE layer's routed experts, router output in, layer output out (moe_cpu.cpp)");
+  m.def("moe_float32_gemm", &composer::moe_float32_gemm,
+        "the GEMM moe_experts gives float32 experts with many rows: \"onednn\" or \"mm\" (moe_cpu.cpp)");
 }

@@ -11,13 +11,15 @@
 // summing took a dozen more torch ops (and allocations) per layer. Here (token, expert) pairs are
 // counted and sorted by expert; an expert with few rows streams its weights once, keeping blocks of its
 // output rows in vector registers (bfloat16 weights are widened to float32 in registers: half the bytes
-// of float32 ones); an expert with many rows (prefill) goes to at::mm, which is compute-bound there and
-// does it best. Experts are split over the intra-op threads, so two cores stream two experts at once. Each token's expert outputs are then summed in ascending
-// expert order (as the torch grouped path does), so the result does not depend on the thread count.
-// Accumulation is in float32.
+// of float32 ones); an expert with many rows (prefill) goes to a library GEMM, which is compute-bound
+// there: oneDNN's for float32 (see `gemm`), torch's own otherwise. Experts are split over the intra-op
+// threads, so two cores stream two experts at once. Each token's expert outputs are then summed in
+// ascending expert order (as the torch grouped path does), so the result does not depend on the thread
+// count. Accumulation is in float32.
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/silu.h>
@@ -26,16 +28,18 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <string>
 #include <type_traits>
 #include <vector>
 
 namespace composer {
 namespace {
 
-constexpr int64_t kStreamRows = 64;  // the most rows per expert any streaming loop takes; more: at::mm
+constexpr int64_t kStreamRows = 64;  // the most rows per expert any streaming loop takes; more: gemm
 
-// How many rows an expert may have and still go through the streaming loop rather than at::mm, for
+// How many rows an expert may have and still go through the streaming loop rather than gemm, for
 // float32 / bfloat16 weights on a vector CPU, measured (16 experts, D 768, I 384, 2 cores, AVX-512): the
 // register-blocked float32 loop beats MKL's sgemm up to 64 rows (5.6 vs 9.0 ms), while oneDNN's bf16 GEMM,
 // with the CPU's bf16 dot products, overtakes the bf16 loop past ~20 rows; elsewhere the plain loop, 16.
@@ -46,6 +50,29 @@ constexpr int64_t stream_limit() {
   if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) return 16;
 #endif
   return 16;
+}
+
+// rows [M, K] @ b_KN [K, N] for an expert with many rows. float32 goes to oneDNN's GEMM (the op torch's
+// CPU linear fusion uses, found through the dispatcher since torch does not export oneDNN itself): torch's
+// float32 mm is MKL's sgemm, which on AMD CPUs runs its AVX2 code even where AVX-512 is there. Measured
+// one thread, [1024, 768] @ [768, 768]: 108 GFLOP/s sgemm, 251 oneDNN (2 cores, AMD Zen 5). Other
+// dtypes, or a torch without the op: at::mm (bfloat16 mm already runs on oneDNN).
+using Linear = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, c10::string_view,
+                          c10::List<std::optional<at::Scalar>>, std::optional<c10::string_view>);
+
+const std::optional<c10::TypedOperatorHandle<Linear>>& onednn_linear() {
+  static const auto linear = []() -> std::optional<c10::TypedOperatorHandle<Linear>> {
+    auto handle = c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""});
+    if (!handle) return std::nullopt;
+    return handle->typed<Linear>();
+  }();
+  return linear;
+}
+
+inline at::Tensor gemm(const at::Tensor& rows, const at::Tensor& b_KN) {
+  const auto& linear = onednn_linear();
+  if (rows.scalar_type() != at::kFloat || !linear) return at::mm(rows, b_KN);
+  return linear->call(rows, b_KN.t(), std::nullopt, "none", c10::List<std::optional<at::Scalar>>(), std::nullopt);
 }
 
 // out[m, :] = sum_k a[m, k] * b[k, :] for m < n (n <= stream_limit), b [K, N] row-major. Four weight
@@ -216,8 +243,19 @@ void experts(const at::Tensor& x, const int64_t* ids, const float* weights, int6
   thread_local std::vector<float> scratch;
   if (static_cast<int64_t>(scratch.size()) < P * D) scratch.resize(P * D);
   float* const y = scratch.data();
-  at::parallel_for(0, E, 1, [&](int64_t begin, int64_t end) {
-    c10::InferenceMode guard;  // thread-local: a worker thread's at::mm must not build autograd state
+  // Experts are handed out one at a time, the most rows first, to whichever thread is free: a static
+  // split gives a thread whose experts got more rows, or that the OS paused for the server's event loop,
+  // the whole step to wait for (each expert's result does not depend on the thread that ran it).
+  std::vector<int64_t> order;
+  for (int64_t e = 0; e < E; ++e)
+    if (offsets[e + 1] > offsets[e]) order.push_back(e);  // never read an expert no token chose
+  std::stable_sort(order.begin(), order.end(), [&](int64_t l, int64_t r) {
+    return offsets[l + 1] - offsets[l] > offsets[r + 1] - offsets[r];
+  });
+  std::atomic<int64_t> next{0};
+  const int64_t hit = static_cast<int64_t>(order.size());
+  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), hit), 1, [&](int64_t, int64_t) {
+    c10::InferenceMode guard;  // thread-local: a worker thread's GEMM must not build autograd state
     // per-thread buffers for the streamed experts' rows, kept between calls: sized for up to 64 rows they
     // would be a fresh mmap, zeroed, for every layer and step
     thread_local std::vector<float> a, gu, h;
@@ -225,17 +263,16 @@ void experts(const at::Tensor& x, const int64_t* ids, const float* weights, int6
     if (static_cast<int64_t>(a.size()) < most * D) a.resize(most * D);
     if (static_cast<int64_t>(gu.size()) < most * I2) gu.resize(most * I2);
     if (static_cast<int64_t>(h.size()) < most * I) h.resize(most * I);
-    for (int64_t e = begin; e < end; ++e) {
-      const int64_t s = offsets[e], n = offsets[e + 1] - s;
-      if (n == 0) continue;  // never read an expert no token chose
+    for (int64_t i = next++; i < hit; i = next++) {
+      const int64_t e = order[i], s = offsets[e], n = offsets[e + 1] - s;
       float* ye = y + s * D;
       if (n > stream_limit<scalar_t>()) {  // many rows: a library GEMM is compute-bound and better at it
         auto rows = at::empty({n, D}, x.options());
         scalar_t* rp = rows.data_ptr<scalar_t>();
         for (int64_t m = 0; m < n; ++m) std::copy_n(xp + (sorted[s + m] / K) * D, D, rp + m * D);
-        auto g = at::mm(rows, w13t[e]);
+        auto g = gemm(rows, w13t[e]);
         auto act = at::silu(g.narrow(1, 0, I)).mul_(g.narrow(1, I, I));
-        auto down = at::mm(act, w2t[e]).to(at::kFloat).contiguous();
+        auto down = gemm(act, w2t[e]).to(at::kFloat).contiguous();
         const float* dp = down.data_ptr<float>();
         for (int64_t m = 0; m < n; ++m) {
           const float wm = weights[sorted[s + m]];
@@ -277,6 +314,8 @@ void experts(const at::Tensor& x, const int64_t* ids, const float* weights, int6
 }
 
 }  // namespace
+
+std::string moe_float32_gemm() { return onednn_linear() ? "onednn" : "mm"; }
 
 at::Tensor moe_experts(at::Tensor x, at::Tensor ids, at::Tensor weights, at::Tensor w13t, at::Tensor w2t) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous [T, D]");

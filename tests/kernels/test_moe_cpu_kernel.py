@@ -30,6 +30,7 @@ def input_major_copy(w: torch.Tensor) -> torch.Tensor:
     (8, 32, 4, 128, 64, False),  # decode: 1-2 rows per expert (the streaming loop)
     (40, 4, 2, 96, 48, True),  # skew: some experts past 16 rows (the library GEMM), some empty
     (5, 6, 3, 70, 22, False),  # sizes that are not multiples of 4 or 8 (loop tails)
+    (300, 4, 2, 128, 64, False),  # prefill: ~150 rows an expert, the library GEMM (oneDNN's for float32)
 ])
 def test_matches_the_grouped_reference(kernels, T, E, K, D, inter, skew):
     x, ids, w, w13, w2 = make_layer(T, E, K, D, inter, seed=T, skew=skew)
@@ -126,8 +127,15 @@ def test_bad_inputs_are_refused(kernels):
         kernels.moe_experts(x, ids, w, w13t, torch.randn(2, 4, 15))
 
 
+def test_float32_prefill_experts_run_on_onednn_where_torch_has_it(kernels):
+    from kernels import cpu_pack
+
+    assert kernels.moe_float32_gemm() == ("onednn" if cpu_pack.available(torch.float32) else "mm")
+
+
 def test_the_same_bits_on_one_thread_and_on_two(kernels):
-    x, ids, w, w13, w2 = make_layer(64, 16, 4, 128, 64, seed=21, skew=True)  # streamed and GEMM experts
+    x, ids, w, w13, w2 = make_layer(160, 16, 4, 128, 64, seed=21, skew=True)  # streamed and GEMM experts
+    assert torch.bincount(ids.flatten()).max() > 64 and torch.bincount(ids.flatten()).min() <= 64
     w13i, w2i = input_major_copy(w13), input_major_copy(w2)
     threads = torch.get_num_threads()
     try:
