@@ -147,7 +147,13 @@ def paged_attention(q_THC: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         k_GLC = k_cache.index_select(0, s.slots_L).transpose(0, 1)
         v_GLC = v_cache.index_select(0, s.slots_L).transpose(0, 1)
         cached = s.ctx_len - s.q_len
-        if cached == 0:
+        if cached == 0 and q_THC.device.type == "cpu":
+            # torch's CPU flash kernel takes [B, H, L, C] and no enable_gqa (else SDPA falls back to its
+            # math path, ~15% slower here): the kv heads are repeated for it
+            rep = q_HQC.shape[0] // k_GLC.shape[0]
+            o = F.scaled_dot_product_attention(q_HQC[None], k_GLC.repeat_interleave(rep, 0)[None],
+                                               v_GLC.repeat_interleave(rep, 0)[None], is_causal=True)[0]
+        elif cached == 0:
             o = F.scaled_dot_product_attention(q_HQC, k_GLC, v_GLC, is_causal=True, enable_gqa=gqa)
         else:
             rows = torch.arange(s.q_len, device=q_THC.device)[:, None] + cached
