@@ -13,12 +13,15 @@ at::Tensor attention_prologue(at::Tensor qkv, at::Tensor q_norm, at::Tensor k_no
                               int64_t num_heads);
 }  // namespace composer
 
+// The kernels touch no Python object, so each lets go of the GIL while it runs (as torch's own ops do):
+// a server's event loop then streams tokens during a decode step's experts and attention instead of
+// waiting for them, and the engine thread does not wait for the event loop afterwards.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode_attention", &composer::paged_decode_attention,
+  m.def("paged_decode_attention", &composer::paged_decode_attention, py::call_guard<py::gil_scoped_release>(),
         "decode attention reading the paged KV cache in place (paged_attention_cpu.cpp)");
-  m.def("attention_prologue", &composer::attention_prologue,
+  m.def("attention_prologue", &composer::attention_prologue, py::call_guard<py::gil_scoped_release>(),
         "q/k RMSNorm, rotary embedding and the KV-cache write of one attention layer (attention_prologue_cpu.cpp)");
-  m.def("moe_experts", &composer::moe_experts,
+  m.def("moe_experts", &composer::moe_experts, py::call_guard<py::gil_scoped_release>(),
         "a MoE layer's routed experts, router output in, layer output out (moe_cpu.cpp)");
   m.def("moe_float32_gemm", &composer::moe_float32_gemm,
         "the GEMM moe_experts gives float32 experts with many rows: \"onednn\" or \"mm\" (moe_cpu.cpp)");

@@ -148,3 +148,29 @@ def test_the_same_bits_on_one_thread_and_on_two(kernels):
         torch.set_num_threads(threads)
     assert torch.equal(outs[0], outs[1])
     torch.testing.assert_close(outs[0], moe_reference(x, ids, w, w13, w2), atol=1e-5, rtol=1e-5)
+
+
+def test_the_kernel_lets_other_python_threads_run(kernels):
+    """A server's event loop must keep streaming while a step's experts run: the call lets go of the GIL."""
+    import threading
+    import time
+
+    x, ids, w, w13, w2 = make_layer(8192, 4, 2, 512, 512, seed=4)  # one call of ~25 GFLOP
+    w13i, w2i = input_major_copy(w13), input_major_copy(w2)
+    timing: dict[str, float] = {}
+
+    def work():
+        with torch.inference_mode():
+            start = time.perf_counter()
+            moe_grouped_kernel(x, ids, w, w13i, w2i, kernels)
+            timing["call"] = time.perf_counter() - start
+
+    worker = threading.Thread(target=work)
+    last, longest = time.perf_counter(), 0.0
+    worker.start()
+    while worker.is_alive():  # this thread's Python: it stalls for a whole call if the GIL is held
+        now = time.perf_counter()
+        longest, last = max(longest, now - last), now
+    worker.join()
+    assert timing["call"] > 0.02, "too little work to tell"
+    assert longest < timing["call"] / 2, f"this thread stalled {longest:.3f} s of a {timing['call']:.3f} s call"
