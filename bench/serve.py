@@ -189,9 +189,10 @@ def step_profile(model_dir: Path, batches: list[int], prompt_len: int, steps: in
     lm_head, the runner's bookkeeping, argmax). Timed by wrapping the modules' forwards (a CPU runs ops
     synchronously, so wall time inside a forward is its cost). In-process, load and steps on one thread.
 
-    Two variants, alternating `rounds` times (the best round of each is kept): "now" (what the engine
-    runs) and "before" (decode attention gathering pages with torch, expert weights in their checkpoint
-    layout, experts through torch's grouped path), so the kernels' gain is measured side by side."""
+    Three variants, alternating `rounds` times (the best round of each is kept): "now" (what the engine
+    runs: every layer of a decode step in one C++ call, so no split), "layers" (the same kernels, each
+    layer's Python forward: the split), and "before" (decode attention gathering pages with torch, expert
+    weights in their checkpoint layout, experts through torch's grouped path), side by side."""
     import torch
 
     import serve.model.qwen3_moe as q
@@ -238,7 +239,9 @@ def step_profile(model_dir: Path, batches: list[int], prompt_len: int, steps: in
                 times.append(time.perf_counter() - start)
         total = sum(times) / len(times) * 1e3
         e, a = spent["experts"] / len(times) * 1e3, spent["attention"] / len(times) * 1e3
-        return {"step_ms": total, "experts_ms": e, "attention_ms": a, "rest_ms": total - e - a,
+        if model.fused_decode and kernels is not None and model.decode_plan(kernels) is not None:
+            e = a = None  # the layers ran in one C++ call: no split (the "layers" variant has it)
+        return {"step_ms": total, "experts_ms": e, "attention_ms": a, "rest_ms": None if e is None else total - e - a,
                 "tok_s": B / (total / 1e3), "cpu_kernels": runner.cpu_kernels is not None}
 
     q.SparseMoE.forward = timed(originals[q.SparseMoE], "experts")
@@ -253,10 +256,11 @@ def step_profile(model_dir: Path, batches: list[int], prompt_len: int, steps: in
         before.pack_for_cpu()
         for moe in before.moe_layers():  # back to the checkpoint's [E, N, D] row-major layout
             moe.w13, moe.w2 = moe.w13.contiguous(), moe.w2.contiguous()
-        out: dict = {"now": {}, "before": {}}
+        out: dict = {"now": {}, "layers": {}, "before": {}}
         for B in batches:
             for _ in range(rounds):
-                for name, model, k in (("now", now, kernels), ("before", before, None)):
+                for name, model, k in (("now", now, kernels), ("layers", now, kernels), ("before", before, None)):
+                    model.fused_decode = name == "now"
                     r = one(model, B, k)
                     if B not in out[name] or r["step_ms"] < out[name][B]["step_ms"]:
                         out[name][B] = r
@@ -488,14 +492,19 @@ def main() -> None:
     if not args.skip_profile:
         print("\n## per decode step, native model, one thread owning torch (ms)")
         print(f"{'shape':>5} {'batch':>5} {'step':>6} {'experts':>8} {'attention':>9} {'rest':>6} {'tok/s':>6}  variant "
-              "(now: our CPU kernels for decode attention and experts; before: the torch paths)")
+              "(now: our CPU kernels, the layers in one C++ call; layers: the same kernels, each layer's "
+              "Python forward; before: the torch paths)")
+
+        def ms(v: float | None, width: int) -> str:
+            return f"{'-':>{width}}" if v is None else f"{v:>{width}.1f}"
+
         for shape in args.shapes:
             prof = step_profile(build_checkpoint(shape), [8, 32], args.prompt_len, dtype=DTYPE)
             results["shapes"][shape]["profile"] = prof
             for variant, rows in prof.items():
                 for B, p in rows.items():
-                    print(f"{shape:>5} {B:>5} {p['step_ms']:>6.1f} {p['experts_ms']:>8.1f} {p['attention_ms']:>9.1f} "
-                          f"{p['rest_ms']:>6.1f} {p['tok_s']:>6.0f}  {variant}")
+                    print(f"{shape:>5} {B:>5} {p['step_ms']:>6.1f} {ms(p['experts_ms'], 8)} {ms(p['attention_ms'], 9)} "
+                          f"{ms(p['rest_ms'], 6)} {p['tok_s']:>6.0f}  {variant}")
     if not args.skip_trace:
         results["trace"] = trace(build_checkpoint(args.shapes[0]))
     args.json.write_text(json.dumps(results, indent=1))

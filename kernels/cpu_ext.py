@@ -6,6 +6,9 @@
         q/k RMSNorm, rotary embedding and the KV-cache write of one attention layer, one pass per token
     moe_experts(x_TD, ids_TK, weights_TK, w13t_EDN, w2t_EID) -> out_TD
         a MoE layer's routed experts, router output in, layer output out (see kernels/moe.py)
+    decode_layers(x_BD, per-layer weights and caches, step metadata, ...) -> x_BD
+        every decoder layer of a decode step in one call, bit for bit the Python forward (see
+        serve/model/qwen3_moe.py's decode_plan)
     moe_float32_gemm() -> "onednn" | "mm"
         the GEMM moe_experts gives float32 experts with many rows (a prefill): oneDNN's where torch has it
 
@@ -42,7 +45,8 @@ log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / "bindings.cpp", CSRC / "paged_attention_cpu.cpp", CSRC / "attention_prologue_cpu.cpp",
-           CSRC / "moe_cpu.cpp"]
+           CSRC / "moe_cpu.cpp", CSRC / "decode_layers_cpu.cpp"]
+HEADERS = [CSRC / "onednn_linear.h"]
 _ARCH_FLAGS = {"AVX2": ["-mavx2", "-mfma", "-mf16c"],
                "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma", "-mf16c"]}
 _lock = threading.Lock()
@@ -59,7 +63,7 @@ def _capability() -> str:
 
 def build_dir() -> Path:
     """Where this source, torch, Python and CPU capability's build lives."""
-    key = hashlib.sha256(b"".join(src.read_bytes() for src in SOURCES))
+    key = hashlib.sha256(b"".join(src.read_bytes() for src in SOURCES + HEADERS))
     key.update(f"{torch.__version__} {sys.version_info[:2]} {_capability()}".encode())
     root = Path(os.environ.get("COMPOSER_KERNEL_CACHE") or Path.home() / ".cache" / "composer" / "kernels")
     return root / f"cpu_kernels-{key.hexdigest()[:16]}"

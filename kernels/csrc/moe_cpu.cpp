@@ -19,13 +19,14 @@
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/silu.h>
 #include <c10/core/InferenceMode.h>
 
 #include <immintrin.h>
+
+#include "onednn_linear.h"
 
 #include <algorithm>
 #include <atomic>
@@ -59,22 +60,9 @@ constexpr int64_t stream_limit() {
 // float32 mm is MKL's sgemm, which on AMD CPUs runs its AVX2 code even where AVX-512 is there. Measured
 // one thread, [1024, 768] @ [768, 768]: 108 GFLOP/s sgemm, 251 oneDNN (2 cores, AMD Zen 5). Other
 // dtypes, or a torch without the op: at::mm (bfloat16 mm already runs on oneDNN).
-using Linear = at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, c10::string_view,
-                          c10::List<std::optional<at::Scalar>>, std::optional<c10::string_view>);
-
-const std::optional<c10::TypedOperatorHandle<Linear>>& onednn_linear() {
-  static const auto linear = []() -> std::optional<c10::TypedOperatorHandle<Linear>> {
-    auto handle = c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""});
-    if (!handle) return std::nullopt;
-    return handle->typed<Linear>();
-  }();
-  return linear;
-}
-
 inline at::Tensor gemm(const at::Tensor& rows, const at::Tensor& b_KN) {
-  const auto& linear = onednn_linear();
-  if (rows.scalar_type() != at::kFloat || !linear) return at::mm(rows, b_KN);
-  return linear->call(rows, b_KN.t(), std::nullopt, "none", c10::List<std::optional<at::Scalar>>(), std::nullopt);
+  if (rows.scalar_type() != at::kFloat || !onednn_linear()) return at::mm(rows, b_KN);
+  return onednn_linear_call(rows, b_KN.t(), std::nullopt);
 }
 
 // out[m, :] = sum_k a[m, k] * b[k, :] for m < n (n <= stream_limit), b [K, N] row-major. Four weight

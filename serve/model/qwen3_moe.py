@@ -3,7 +3,9 @@
 A step's tokens from all sequences are concatenated ([T]); attention finds each sequence's keys in
 the paged KV cache through AttnMeta. The experts go through one seam, `kernels.moe_forward`, which
 takes plain weights (the bf16/fp32 reference) or MXFP8Tensor weights (the Triton kernels). Logits are
-computed only for the rows that will be sampled.
+computed only for the rows that will be sampled. On a CPU with our kernels built, a step where every row
+decodes runs all the layers in one C++ call (`decode_plan`; kernels/csrc/decode_layers_cpu.cpp), op for
+op what the layers' forwards do, without the interpreter between ops.
 
 `forward_train` is the same model without the paged cache, for the RL trainer: right-padded
 sequences [B, L] from position 0, causal SDPA, gradients on. Same modules, same weights, so at equal
@@ -181,6 +183,9 @@ class Qwen3MoeModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = None if cfg.tie_word_embeddings else nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary: Rotary | None = None
+        # CPU decode steps through kernels/cpu_ext.py's decode_layers when it covers the model (decode_plan);
+        # False: every layer's Python forward (the same result; for profiling layer by layer)
+        self.fused_decode = True
         for i, moe in enumerate(self.moe_layers()):
             moe.index = i
 
@@ -195,8 +200,17 @@ class Qwen3MoeModel(nn.Module):
             self.rotary = Rotary(self.cfg, input_ids_T.device)
         x_TD = self.embed_tokens(input_ids_T)
         cos_TC, sin_TC = self.rotary.cos_sin(positions_T, x_TD.dtype)
-        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
-            x_TD = layer(x_TD, cos_TC, sin_TC, k_cache, v_cache, meta)
+        fused = self.fused_decode and meta.cpu_kernels is not None and not meta.prefill
+        plan = self.decode_plan(meta.cpu_kernels) if fused else None
+        if plan is not None and meta.decode_rows_B.numel() == x_TD.shape[0]:  # every row decodes: one C++ call
+            x_TD = meta.cpu_kernels.decode_layers(
+                x_TD, *plan, [k for k, _ in kv_caches], [v for _, v in kv_caches], cos_TC.contiguous(),
+                sin_TC.contiguous(), meta.slot_mapping_T, meta.decode_tables_BN, meta.decode_lens_B, meta.routes_SMK,
+                self.cfg.rms_norm_eps, self.cfg.num_attention_heads, self.cfg.num_experts_per_tok,
+                self.cfg.norm_topk_prob, self.cfg.head_dim**-0.5, meta.block_size)
+        else:
+            for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+                x_TD = layer(x_TD, cos_TC, sin_TC, k_cache, v_cache, meta)
         h_BD = self.norm(x_TD.index_select(0, logits_rows_B))
         logits = F.linear(h_BD, self.embed_tokens.weight) if self.lm_head is None else self.lm_head(h_BD)
         return logits.float()
@@ -257,6 +271,51 @@ class Qwen3MoeModel(nn.Module):
         return (f"q/k/v fused, {n} linear layer{'s' * (n != 1)} packed for oneDNN"
                 + (", experts stored input-major" if experts else "")
                 + (", experts through the CPU kernel" if cpu_kernels is not None and experts else ""))
+
+    def decode_plan(self, cpu_kernels: ModuleType) -> tuple[list, ...] | None:
+        """The per-layer weights `cpu_kernels.decode_layers` takes (kernels/csrc/decode_layers_cpu.cpp: every
+        layer of a decode step in one call, the same ops as `DecoderLayer.forward`), gathered once; None where
+        a layer is not what it covers: q/k/v fused without biases, MoE with the CPU expert kernel on plain
+        input-major weights (pack_for_cpu with cpu_kernels does all that), one norm epsilon."""
+        if getattr(self, "_decode_plan_for", None) is not cpu_kernels:
+            self._decode_plan, self._decode_plan_for = self._gather_decode_plan(cpu_kernels), cpu_kernels
+        return self._decode_plan
+
+    def _gather_decode_plan(self, cpu_kernels: ModuleType) -> tuple[list, ...] | None:
+        def weight(m: nn.Module) -> tuple[torch.Tensor, int] | None:
+            if isinstance(m, cpu_pack.PackedLinear) and m.bias is None:
+                return m.packed, 1
+            if type(m) is nn.Linear and m.bias is None:
+                return m.weight, 0
+            return None
+
+        if not hasattr(cpu_kernels, "decode_layers"):
+            return None
+        dtype = self.embed_tokens.weight.dtype
+        lists: tuple[list, ...] = tuple([] for _ in range(10))
+        ln1, ln2, qkv, o, gate, packed, q_norm, k_norm, w13t, w2t = lists
+        for layer in self.layers:
+            attn, moe = layer.self_attn, layer.mlp
+            if attn.qkv_proj is None or not isinstance(moe, SparseMoE) or moe.cpu_kernels is not cpu_kernels:
+                return None
+            ws = [weight(attn.qkv_proj), weight(attn.o_proj), weight(moe.gate)]
+            experts = (moe.w13, moe.w2)
+            if (None in ws or moe.train_mxfp8 or not all(isinstance(w, torch.Tensor) and w.dtype == dtype
+                                                           and w.dim() == 3 and w.transpose(1, 2).is_contiguous()
+                                                           for w in experts)
+                    or len({n.eps for n in (layer.input_layernorm, layer.post_attention_layernorm, attn.q_norm,
+                                            attn.k_norm)} | {self.cfg.rms_norm_eps}) != 1):
+                return None
+            ln1.append(layer.input_layernorm.weight.detach())
+            ln2.append(layer.post_attention_layernorm.weight.detach())
+            for dest, (w, is_packed) in zip((qkv, o, gate), ws, strict=True):
+                dest.append(w.detach())
+                packed.append(is_packed)
+            q_norm.append(attn.q_norm.weight.detach().float())
+            k_norm.append(attn.k_norm.weight.detach().float())
+            w13t.append(moe.w13.transpose(1, 2))
+            w2t.append(moe.w2.transpose(1, 2))
+        return lists
 
     def weight_bytes(self) -> tuple[int, int]:
         """(dense bytes, expert bytes) as stored."""

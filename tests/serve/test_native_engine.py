@@ -168,6 +168,23 @@ def test_cpu_kernels_give_the_same_tokens_and_logits(tiny_hermes, engine):
     assert diff.abs().max().item() <= 1e-4
 
 
+def test_decode_steps_in_one_kernel_call_match_the_python_layers_to_the_bit(tiny_hermes):
+    from kernels import cpu_ext
+
+    if cpu_ext.load(build_in_background=False) is None:
+        pytest.skip("our CPU kernels are not built on this machine (tests/kernels builds them)")
+    fused, layered = (NativeEngine(str(tiny_hermes), EngineConfig(dtype="float32", kv_cache_tokens=8192))
+                      for _ in range(2))
+    assert fused.model.decode_plan(fused.runner.cpu_kernels) is not None  # the engine's decode steps take it
+    layered.model.fused_decode = False
+    ps = prompts(6, seed=17)
+    assert generate_all(fused, ps, greedy(20)) == generate_all(layered, ps, greedy(20))
+    ids = prompts(1, seed=18, lo=40, hi=41)[0]
+    assert torch.equal(engine_logits(fused, ids, split=10), engine_logits(layered, ids, split=10))
+    used = fused.runner.routes[:, 0, 0] >= 0  # routing replay: the same experts recorded at the same slots
+    assert used.any() and torch.equal(fused.runner.routes, layered.runner.routes)
+
+
 def test_a_request_joins_a_running_batch(engine):
     long_p, late_p = prompts(2, seed=14)
     alone = [generate_all(engine, [p], SamplingParams(max_tokens=n, temperature=0.0))[0]
