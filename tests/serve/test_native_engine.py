@@ -175,8 +175,9 @@ def test_decode_steps_in_one_kernel_call_match_the_python_layers_to_the_bit(tiny
         pytest.skip("our CPU kernels are not built on this machine (tests/kernels builds them)")
     fused, layered = (NativeEngine(str(tiny_hermes), EngineConfig(dtype="float32", kv_cache_tokens=8192))
                       for _ in range(2))
-    assert fused.model.decode_plan(fused.runner.cpu_kernels) is not None  # the engine's decode steps take it
+    assert "decode steps: every layer in one C++ call" in fused.describe()  # what the engine's decode steps take
     layered.model.fused_decode = False
+    assert "one C++ call" not in layered.describe()
     ps = prompts(6, seed=17)
     assert generate_all(fused, ps, greedy(20)) == generate_all(layered, ps, greedy(20))
     ids = prompts(1, seed=18, lo=40, hi=41)[0]
