@@ -23,16 +23,10 @@
 #include <optional>
 #include <vector>
 
+#include "kernels.h"
 #include "onednn_linear.h"
 
 namespace composer {
-
-at::Tensor paged_decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor tables,
-                                  at::Tensor lens, int64_t block_size, double scale);
-at::Tensor moe_experts(at::Tensor x, at::Tensor ids, at::Tensor weights, at::Tensor w13t, at::Tensor w2t);
-at::Tensor attention_prologue(at::Tensor qkv, at::Tensor q_norm, at::Tensor k_norm, double eps, at::Tensor cos,
-                              at::Tensor sin, at::Tensor k_cache, at::Tensor v_cache, at::Tensor slots,
-                              int64_t num_heads);
 
 namespace {
 
