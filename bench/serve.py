@@ -22,7 +22,8 @@ which splits each wall time into prefill and decode steps: where the time goes, 
 native decode step that 2x the static batch would need given the prefill as measured.
 
 Then, unless skipped: a per-step profile of the native model (decode steps at batch 8 and 32 on one
-thread: ms in the experts, in attention, in the rest), and the agent-shaped trace of the prefix cache
+thread: the engine's step, all layers in one C++ call; the same step layer by layer in Python, split into
+ms in the experts, in attention, in the rest; the torch paths), and the agent-shaped trace of the prefix cache
 (10 turns, each prompt = the previous prompt + a 32-token reply + a 200-token tool output; TTFT with
 the cache on and off) on the first shape. Prints tables; writes JSON and a PNG next to it.
 """
