@@ -240,7 +240,7 @@ def step_profile(model_dir: Path, batches: list[int], prompt_len: int, steps: in
                 times.append(time.perf_counter() - start)
         total = sum(times) / len(times) * 1e3
         e, a = spent["experts"] / len(times) * 1e3, spent["attention"] / len(times) * 1e3
-        if model.fused_decode and kernels is not None and model.decode_plan(kernels) is not None:
+        if model.decode_plan(kernels) is not None:
             e = a = None  # the layers ran in one C++ call: no split (the "layers" variant has it)
         return {"step_ms": total, "experts_ms": e, "attention_ms": a, "rest_ms": None if e is None else total - e - a,
                 "tok_s": B / (total / 1e3), "cpu_kernels": runner.cpu_kernels is not None}

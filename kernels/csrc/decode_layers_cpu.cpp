@@ -57,7 +57,7 @@ at::Tensor decode_layers(at::Tensor x, std::vector<at::Tensor> ln1, std::vector<
     TORCH_CHECK(list->size() == L, "decode_layers: every per-layer list must have ", L, " entries");
   TORCH_CHECK(packed.size() == 3 * L, "decode_layers: packed needs 3 flags per layer (q/k/v, o, router)");
   TORCH_CHECK(x.dim() == 2 && slots.dim() == 1 && slots.size(0) == x.size(0), "decode_layers: x [B, D], slots [B]");
-  TORCH_CHECK(onednn_linear() || !(std::find(packed.begin(), packed.end(), 1) != packed.end()),
+  TORCH_CHECK(std::find(packed.begin(), packed.end(), 1) == packed.end() || onednn_linear(),
               "decode_layers: packed weights need torch's oneDNN");
   c10::InferenceMode guard;
   const auto dtype = x.scalar_type();

@@ -159,8 +159,8 @@ class NativeEngine(Engine):
                 f"{self.kv_cache_bytes / 2**20:.1f} MiB ({len(self.blocks.blocks) * self.config.block_size} tokens)"
                 + (f"; {self.packing}" if self.packing else "")
                 + ("; decode attention: paged CPU kernel" if self.runner.cpu_kernels is not None else "")
-                + ("; decode steps: every layer in one C++ call" if self.runner.cpu_kernels is not None
-                   and self.model.fused_decode and self.model.decode_plan(self.runner.cpu_kernels) is not None else "")
+                + ("; decode steps: every layer in one C++ call"
+                   if self.model.decode_plan(self.runner.cpu_kernels) is not None else "")
                 + ("; CPU kernels not built yet (torch paths; `python -m kernels.cpu_ext` builds them)"
                    if self.kernels_wanted and self.cpu_kernels is None else ""))
 

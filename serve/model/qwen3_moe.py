@@ -200,8 +200,7 @@ class Qwen3MoeModel(nn.Module):
             self.rotary = Rotary(self.cfg, input_ids_T.device)
         x_TD = self.embed_tokens(input_ids_T)
         cos_TC, sin_TC = self.rotary.cos_sin(positions_T, x_TD.dtype)
-        fused = self.fused_decode and meta.cpu_kernels is not None and not meta.prefill
-        plan = self.decode_plan(meta.cpu_kernels) if fused else None
+        plan = None if meta.prefill else self.decode_plan(meta.cpu_kernels)
         if plan is not None and meta.decode_rows_B.numel() == x_TD.shape[0]:  # every row decodes: one C++ call
             x_TD = meta.cpu_kernels.decode_layers(
                 x_TD, *plan, [k for k, _ in kv_caches], [v for _, v in kv_caches], cos_TC.contiguous(),
@@ -272,11 +271,14 @@ class Qwen3MoeModel(nn.Module):
                 + (", experts stored input-major" if experts else "")
                 + (", experts through the CPU kernel" if cpu_kernels is not None and experts else ""))
 
-    def decode_plan(self, cpu_kernels: ModuleType) -> tuple[list, ...] | None:
+    def decode_plan(self, cpu_kernels: ModuleType | None) -> tuple[list, ...] | None:
         """The per-layer weights `cpu_kernels.decode_layers` takes (kernels/csrc/decode_layers_cpu.cpp: every
         layer of a decode step in one call, the same ops as `DecoderLayer.forward`), gathered once; None where
-        a layer is not what it covers: q/k/v fused without biases, MoE with the CPU expert kernel on plain
-        input-major weights (pack_for_cpu with cpu_kernels does all that), one norm epsilon."""
+        decode steps do not take that call: `fused_decode` off, no kernels, or a layer it does not cover
+        (it covers q/k/v fused without biases, MoE with the CPU expert kernel on plain input-major weights,
+        as pack_for_cpu with cpu_kernels leaves them, one norm epsilon)."""
+        if not self.fused_decode or cpu_kernels is None:
+            return None
         if getattr(self, "_decode_plan_for", None) is not cpu_kernels:
             self._decode_plan, self._decode_plan_for = self._gather_decode_plan(cpu_kernels), cpu_kernels
         return self._decode_plan
