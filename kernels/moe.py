@@ -23,14 +23,16 @@ precision use `kernels.mxfp8_linear.mxfp8_moe` (same forward, gradients to maste
 "dot_scaled" for sm_100+, "auto" by device); see kernels/moe_triton.py. `cpu_packed` (CPU inference
 with plain weights) is `kernels.moe_reference.pack_experts(w13, w2)`, used by the all-experts path.
 
-CPU inference with plain weights stored input-major (the model's `pack_for_cpu` does that) and our C++
-kernels built (`cpu_kernels`, from kernels/cpu_ext.py) runs every routed expert in one kernel call
-(csrc/moe_cpu.cpp): each expert's few decode rows stream its weights once near memory bandwidth, and
-no torch op runs per expert. Otherwise it picks one of two torch paths per call by what each would
-touch, priced with measured costs (`CpuCosts`): grouped (pairs sorted by expert, two matmuls per expert that got any:
-reads only those experts, does only the routed FLOPs, ~2 ops per hit expert) or all-experts (every
-expert on every token in two big matmuls: all experts' bytes, E / K times the FLOPs, a fixed handful
-of ops). Grouped wins unless a batch is tiny and hits every expert anyway.
+CPU inference with our C++ kernels built (`cpu_kernels`, from kernels/cpu_ext.py) takes the weights
+blocked for them (`block_experts`; the model's `pack_for_cpu` does that: w13 [E, ceil(2I / 32), D, 32],
+w2 [E, ceil(D / 32), I, 32]) and runs every routed expert in one kernel call (csrc/moe_cpu.cpp): each
+expert's few decode rows stream its weights once near memory bandwidth, and no torch op runs per
+expert. Plain weights (on a CPU, stored input-major by `pack_for_cpu` without kernels) pick one of two
+torch paths per call by what each would touch, priced with measured costs (`CpuCosts`): grouped (pairs
+sorted by expert, two matmuls per expert that got any: reads only those experts, does only the routed
+FLOPs, ~2 ops per hit expert) or all-experts (every expert on every token in two big matmuls: all
+experts' bytes, E / K times the FLOPs, a fixed handful of ops). Grouped wins unless a batch is tiny and
+hits every expert anyway.
 """
 
 from __future__ import annotations
@@ -107,9 +109,13 @@ def moe_forward(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: 
         return moe_reference(x_TD, topk_ids_TK, topk_weights_TK, w13, w2, act_mxfp8=mma == "dot_scaled")
     if backend == "triton":
         raise ValueError("the Triton MoE path takes MXFP8 weights: pass MXFP8Tensor.quantize(w)")
+    if blocked(w13) or blocked(w2):
+        if not (blocked(w13) and blocked(w2)) or cpu_kernels is None or x_TD.device.type != "cpu" \
+                or torch.is_grad_enabled() or x_TD.dtype != w13.dtype:
+            raise ValueError("blocked expert weights (block_experts) run only through the CPU kernel, in "
+                             "inference, with x in their dtype: pass cpu_kernels, or unblock_experts them")
+        return moe_grouped_kernel(x_TD, topk_ids_TK, topk_weights_TK, w13, w2, cpu_kernels)
     if x_TD.device.type == "cpu" and not torch.is_grad_enabled():
-        if cpu_kernels is not None and input_major(w13) and input_major(w2) and x_TD.dtype == w13.dtype:
-            return moe_grouped_kernel(x_TD, topk_ids_TK, topk_weights_TK, w13, w2, cpu_kernels)
         T, K = topk_ids_TK.shape
         counts_E = torch.bincount(topk_ids_TK.reshape(-1), minlength=w13.shape[0]).tolist()
         cost = cpu_path_costs(T, K, counts_E, x_TD.shape[1], w2.shape[2], w13.element_size())
@@ -119,6 +125,40 @@ def moe_forward(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: 
     return moe_reference(x_TD, topk_ids_TK, topk_weights_TK, w13, w2)
 
 
+def block_experts(w_ENK: torch.Tensor, block: int) -> torch.Tensor:
+    """Expert weights [E, N, K] as the CPU kernel reads them: each expert's input-major [K, N] cut into
+    column blocks of `block` (the kernel's `moe_block_columns()`), each block a contiguous [K, block], the
+    last one zero-padded: [E, ceil(N / block), K, block]. A decode step's few rows per expert then walk
+    one contiguous stream per block instead of a few vectors from every row (csrc/moe_cpu.cpp, kBlock).
+    bfloat16 rows hold columns c and c + block / 2 side by side, so that one 32-bit word widens into both."""
+    E, N, K = w_ENK.shape
+    blocks = -(-N // block)
+    padded = torch.nn.functional.pad(w_ENK, (0, 0, 0, blocks * block - N)) if N % block else w_ENK
+    out = padded.reshape(E, blocks, block, K).transpose(2, 3)
+    if w_ENK.dtype == torch.bfloat16:
+        return out[..., _paired(block)].contiguous()
+    return out.contiguous()
+
+
+def unblock_experts(w_EJKB: torch.Tensor, n: int) -> torch.Tensor:
+    """`block_experts`' inverse: [E, N, K] (N = n, the padding dropped), a view where it can be."""
+    E, J, K, B = w_EJKB.shape
+    if w_EJKB.dtype == torch.bfloat16:
+        w_EJKB = w_EJKB[..., torch.argsort(_paired(B))]
+    return w_EJKB.transpose(2, 3).reshape(E, J * B, K)[:, :n]
+
+
+def _paired(block: int) -> torch.Tensor:
+    """The block column each position of a bfloat16 block row holds: 0, h, 1, h + 1, ... (h = block / 2)."""
+    half = torch.arange(block // 2)
+    return torch.stack([half, half + block // 2], 1).reshape(-1)
+
+
+def blocked(w: torch.Tensor | MXFP8Tensor) -> bool:
+    """Whether an expert weight is in `block_experts`' layout (4-D: every other form is [E, N, K])."""
+    return isinstance(w, torch.Tensor) and w.dim() == 4
+
+
 def input_major(w_ENK: torch.Tensor) -> bool:
     """Whether an [E, N, K] expert weight is stored as its contiguous [E, K, N] transpose."""
     return w_ENK.dim() == 3 and w_ENK.transpose(1, 2).is_contiguous()
@@ -126,10 +166,19 @@ def input_major(w_ENK: torch.Tensor) -> bool:
 
 def moe_grouped_kernel(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor,
                        w13: torch.Tensor, w2: torch.Tensor, cpu_kernels: ModuleType) -> torch.Tensor:
-    """Every routed expert in one C++ call (csrc/moe_cpu.cpp): the pairs sorted by expert, the experts,
-    the router weights and each token's float32 sum in ascending expert order, as `moe_grouped_cpu`."""
+    """Every routed expert in one C++ call (csrc/moe_cpu.cpp), weights blocked (`block_experts`): the
+    pairs sorted by expert, the experts, the router weights and each token's float32 sum in ascending
+    expert order, as `moe_grouped_cpu`."""
     return cpu_kernels.moe_experts(x_TD.contiguous(), topk_ids_TK.long().contiguous(),
-                                   topk_weights_TK.float().contiguous(), w13.transpose(1, 2), w2.transpose(1, 2))
+                                   topk_weights_TK.float().contiguous(), w13, w2)
+
+
+def expert_shapes(w13: torch.Tensor | MXFP8Tensor, w2: torch.Tensor | MXFP8Tensor) -> tuple[tuple, tuple]:
+    """w13's [E, 2I, D] and w2's [E, D, I], whatever their layout."""
+    if blocked(w13) and blocked(w2):
+        E, D, inter = w13.shape[0], w13.shape[2], w2.shape[2]
+        return (E, 2 * inter, D), (w2.shape[0], D, inter)
+    return tuple(w13.shape), tuple(w2.shape)
 
 
 def _check(x_TD, topk_ids_TK, topk_weights_TK, w13, w2) -> None:
@@ -143,12 +192,12 @@ def _check(x_TD, topk_ids_TK, topk_weights_TK, w13, w2) -> None:
                          f"must both be [T={T}, K]")
     if topk_ids_TK.dtype.is_floating_point:
         raise TypeError(f"topk_ids_TK must be integer, not {topk_ids_TK.dtype}")
-    if len(w13.shape) != 3 or len(w2.shape) != 3:
-        raise ValueError("w13 must be [E, 2I, D] and w2 [E, D, I]")
-    E, two_i, d13 = w13.shape
-    if d13 != D or two_i % 2 or tuple(w2.shape) != (E, D, two_i // 2):
-        raise ValueError(f"with x [T, {D}]: w13 {tuple(w13.shape)} must be [E, 2I, {D}] and w2 "
-                         f"{tuple(w2.shape)} must be [E, {D}, I]")
+    s13, s2 = expert_shapes(w13, w2)
+    if len(s13) != 3 or len(s2) != 3:
+        raise ValueError("w13 must be [E, 2I, D] and w2 [E, D, I] (or both blocked)")
+    E, two_i, d13 = s13
+    if d13 != D or two_i % 2 or s2 != (E, D, two_i // 2):
+        raise ValueError(f"with x [T, {D}]: w13 {s13} must be [E, 2I, {D}] and w2 {s2} must be [E, {D}, I]")
     for t in (topk_ids_TK, topk_weights_TK, w13.data if isinstance(w13, MXFP8Tensor) else w13,
               w2.data if isinstance(w2, MXFP8Tensor) else w2):
         if t.device != x_TD.device:

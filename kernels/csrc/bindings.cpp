@@ -16,6 +16,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "a MoE layer's routed experts, router output in, layer output out (moe_cpu.cpp)");
   m.def("decode_layers", &composer::decode_layers, py::call_guard<py::gil_scoped_release>(),
         "every decoder layer of a decode step, as the Python forward runs them (decode_layers_cpu.cpp)");
+  m.def("moe_block_columns", &composer::moe_block_columns,
+        "the column block of the expert weights moe_experts takes (moe_cpu.cpp, kernels/moe.py's block_experts)");
   m.def("moe_float32_gemm", &composer::moe_float32_gemm,
         "the GEMM moe_experts gives float32 experts with many rows: \"onednn\" or \"mm\" (moe_cpu.cpp)");
 }

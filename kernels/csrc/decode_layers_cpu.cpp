@@ -12,9 +12,9 @@
 // whole stack runs without the GIL, so a server's event loop streams tokens meanwhile.
 //
 // x [B, D]; per layer l (lists of L): ln1[l], ln2[l] [D]; qkv_w[l], o_w[l], gate_w[l]: plain [N, K] or
-// oneDNN-packed weights (packed[3l + 0..2] says which); q_norm[l], k_norm[l] [C] float32; w13t[l]
-// [E, D, 2I], w2t[l] [E, I, D]; k_caches[l], v_caches[l] [S, G, C]. cos, sin [B, C]; slots [B];
-// tables [B, N], lens [B] int64; routes [S, L, K] int16 or undefined (not recorded).
+// oneDNN-packed weights (packed[3l + 0..2] says which); q_norm[l], k_norm[l] [C] float32; w13b[l], w2b[l]
+// the experts, blocked as moe_experts takes them; k_caches[l], v_caches[l] [S, G, C]. cos, sin [B, C];
+// slots [B]; tables [B, N], lens [B] int64; routes [S, L, K] int16 or undefined (not recorded).
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
@@ -48,12 +48,12 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, bool packed) {
 at::Tensor decode_layers(at::Tensor x, std::vector<at::Tensor> ln1, std::vector<at::Tensor> ln2,
                          std::vector<at::Tensor> qkv_w, std::vector<at::Tensor> o_w, std::vector<at::Tensor> gate_w,
                          std::vector<int64_t> packed, std::vector<at::Tensor> q_norm, std::vector<at::Tensor> k_norm,
-                         std::vector<at::Tensor> w13t, std::vector<at::Tensor> w2t, std::vector<at::Tensor> k_caches,
+                         std::vector<at::Tensor> w13b, std::vector<at::Tensor> w2b, std::vector<at::Tensor> k_caches,
                          std::vector<at::Tensor> v_caches, at::Tensor cos, at::Tensor sin, at::Tensor slots,
                          at::Tensor tables, at::Tensor lens, std::optional<at::Tensor> routes, double eps,
                          int64_t num_heads, int64_t top_k, bool norm_topk, double scale, int64_t block_size) {
   const size_t L = ln1.size();
-  for (const auto* list : {&ln2, &qkv_w, &o_w, &gate_w, &q_norm, &k_norm, &w13t, &w2t, &k_caches, &v_caches})
+  for (const auto* list : {&ln2, &qkv_w, &o_w, &gate_w, &q_norm, &k_norm, &w13b, &w2b, &k_caches, &v_caches})
     TORCH_CHECK(list->size() == L, "decode_layers: every per-layer list must have ", L, " entries");
   TORCH_CHECK(packed.size() == 3 * L, "decode_layers: packed needs 3 flags per layer (q/k/v, o, router)");
   TORCH_CHECK(x.dim() == 2 && slots.dim() == 1 && slots.size(0) == x.size(0), "decode_layers: x [B, D], slots [B]");
@@ -76,8 +76,8 @@ at::Tensor decode_layers(at::Tensor x, std::vector<at::Tensor> ln1, std::vector<
       routes->select(1, static_cast<int64_t>(l)).index_put_({slots}, ids.to(routes->scalar_type()));
     if (norm_topk) weights = weights / weights.sum({-1}, true);
     weights = weights.to(logits.scalar_type());
-    x = x + moe_experts(h.contiguous(), ids.to(at::kLong).contiguous(), weights.to(at::kFloat).contiguous(), w13t[l],
-                        w2t[l]);
+    x = x + moe_experts(h.contiguous(), ids.to(at::kLong).contiguous(), weights.to(at::kFloat).contiguous(), w13b[l],
+                        w2b[l]);
     TORCH_CHECK(x.scalar_type() == dtype, "decode_layers: the residual stream changed dtype");
   }
   return x;

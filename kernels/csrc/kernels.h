@@ -11,7 +11,8 @@
 namespace composer {
 at::Tensor paged_decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor tables,
                                   at::Tensor lens, int64_t block_size, double scale);
-at::Tensor moe_experts(at::Tensor x, at::Tensor ids, at::Tensor weights, at::Tensor w13t, at::Tensor w2t);
+at::Tensor moe_experts(at::Tensor x, at::Tensor ids, at::Tensor weights, at::Tensor w13b, at::Tensor w2b);
+int64_t moe_block_columns();
 std::string moe_float32_gemm();
 at::Tensor attention_prologue(at::Tensor qkv, at::Tensor q_norm, at::Tensor k_norm, double eps, at::Tensor cos,
                               at::Tensor sin, at::Tensor k_cache, at::Tensor v_cache, at::Tensor slots,
@@ -19,7 +20,7 @@ at::Tensor attention_prologue(at::Tensor qkv, at::Tensor q_norm, at::Tensor k_no
 at::Tensor decode_layers(at::Tensor x, std::vector<at::Tensor> ln1, std::vector<at::Tensor> ln2,
                          std::vector<at::Tensor> qkv_w, std::vector<at::Tensor> o_w, std::vector<at::Tensor> gate_w,
                          std::vector<int64_t> packed, std::vector<at::Tensor> q_norm, std::vector<at::Tensor> k_norm,
-                         std::vector<at::Tensor> w13t, std::vector<at::Tensor> w2t, std::vector<at::Tensor> k_caches,
+                         std::vector<at::Tensor> w13b, std::vector<at::Tensor> w2b, std::vector<at::Tensor> k_caches,
                          std::vector<at::Tensor> v_caches, at::Tensor cos, at::Tensor sin, at::Tensor slots,
                          at::Tensor tables, at::Tensor lens, std::optional<at::Tensor> routes, double eps,
                          int64_t num_heads, int64_t top_k, bool norm_topk, double scale, int64_t block_size);

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels import MXFP8Tensor, cpu_pack, moe_forward
+from kernels.moe import block_experts, blocked
 from kernels.moe_reference import acc_dtype
 from kernels.mxfp8_linear import mxfp8_moe
 from serve.model.config import ModelConfig
@@ -245,14 +246,16 @@ class Qwen3MoeModel(nn.Module):
                      cpu_kernels: ModuleType | None = None) -> str:
         """Inference on a CPU (the model cannot train after it): each layer's q/k/v projections fused into
         one, the weights of large linear layers reordered for oneDNN (kernels/cpu_pack.py), and plain expert
-        weights stored input-major. No extra memory: each new layout replaces the old one.
+        weights stored for the expert path that will read them. No extra memory: each new layout replaces
+        the old one.
 
-        Experts: the grouped path runs `x @ w[e].T` with a few rows per expert, and MKL streams a [D, N]
-        matrix stored row-major 1.1-1.4x faster than the transpose of an [N, D] one at those sizes
-        (batch 8: 4.8 -> 3.7 ms per e32 layer). The tensors keep their [E, N, D] shape (a transposed view),
-        so every expert path reads them unchanged, and `cpu_kernels` (kernels/cpu_ext.py's module, if built)
-        runs them all in one call. A oneDNN-packed copy per expert was measured too: faster from ~8 rows,
-        slower at 1-2 (decode at low concurrency), so not used. Returns what was done."""
+        Experts: with `cpu_kernels` (kernels/cpu_ext.py's module, if built) they are blocked for its expert
+        kernel (kernels/moe.py's block_experts), which runs them all in one call. Without, the torch grouped
+        path runs `x @ w[e].T` with a few rows per expert, and MKL streams a [D, N] matrix stored row-major
+        1.1-1.4x faster than the transpose of an [N, D] one at those sizes (batch 8: 4.8 -> 3.7 ms per e32
+        layer): they are stored input-major, keeping their [E, N, D] shape (a transposed view). A
+        oneDNN-packed copy per expert was measured too: faster from ~8 rows, slower at 1-2 (decode at low
+        concurrency), so not used. Returns what was done."""
         dtype = self.embed_tokens.weight.dtype
         if self.embed_tokens.weight.device.type != "cpu" or not cpu_pack.available(dtype):
             return "not packed"
@@ -264,19 +267,20 @@ class Qwen3MoeModel(nn.Module):
             for name in ("w13", "w2"):
                 w = getattr(moe, name)
                 if isinstance(w, torch.Tensor) and w.dim() == 3 and w.is_contiguous():
-                    setattr(moe, name, w.transpose(1, 2).contiguous().transpose(1, 2))
+                    setattr(moe, name, block_experts(w, cpu_kernels.moe_block_columns()) if cpu_kernels is not None
+                            else w.transpose(1, 2).contiguous().transpose(1, 2))
                     experts += 1
             moe.cpu_kernels = cpu_kernels
         return (f"q/k/v fused, {n} linear layer{'s' * (n != 1)} packed for oneDNN"
-                + (", experts stored input-major" if experts else "")
-                + (", experts through the CPU kernel" if cpu_kernels is not None and experts else ""))
+                + ("" if not experts else ", experts blocked for the CPU kernel" if cpu_kernels is not None
+                   else ", experts stored input-major"))
 
     def decode_plan(self, cpu_kernels: ModuleType | None) -> tuple[list, ...] | None:
         """The per-layer weights `cpu_kernels.decode_layers` takes (kernels/csrc/decode_layers_cpu.cpp: every
         layer of a decode step in one call, the same ops as `DecoderLayer.forward`), gathered once; None where
         decode steps do not take that call: `fused_decode` off, no kernels, or a layer it does not cover
-        (it covers q/k/v fused without biases, MoE with the CPU expert kernel on plain input-major weights,
-        as pack_for_cpu with cpu_kernels leaves them, one norm epsilon)."""
+        (it covers q/k/v fused without biases, MoE with the CPU expert kernel on blocked weights, as
+        pack_for_cpu with cpu_kernels leaves them, one norm epsilon)."""
         if not self.fused_decode or cpu_kernels is None:
             return None
         if getattr(self, "_decode_plan_for", None) is not cpu_kernels:
@@ -295,16 +299,14 @@ class Qwen3MoeModel(nn.Module):
             return None
         dtype = self.embed_tokens.weight.dtype
         lists: tuple[list, ...] = tuple([] for _ in range(10))
-        ln1, ln2, qkv, o, gate, packed, q_norm, k_norm, w13t, w2t = lists
+        ln1, ln2, qkv, o, gate, packed, q_norm, k_norm, w13b, w2b = lists
         for layer in self.layers:
             attn, moe = layer.self_attn, layer.mlp
             if attn.qkv_proj is None or not isinstance(moe, SparseMoE) or moe.cpu_kernels is not cpu_kernels:
                 return None
             ws = [weight(attn.qkv_proj), weight(attn.o_proj), weight(moe.gate)]
             experts = (moe.w13, moe.w2)
-            if (None in ws or moe.train_mxfp8 or not all(isinstance(w, torch.Tensor) and w.dtype == dtype
-                                                           and w.dim() == 3 and w.transpose(1, 2).is_contiguous()
-                                                           for w in experts)
+            if (None in ws or moe.train_mxfp8 or not all(blocked(w) and w.dtype == dtype for w in experts)
                     or len({n.eps for n in (layer.input_layernorm, layer.post_attention_layernorm, attn.q_norm,
                                             attn.k_norm)} | {self.cfg.rms_norm_eps}) != 1):
                 return None
@@ -315,8 +317,8 @@ class Qwen3MoeModel(nn.Module):
                 packed.append(is_packed)
             q_norm.append(attn.q_norm.weight.detach().float())
             k_norm.append(attn.k_norm.weight.detach().float())
-            w13t.append(moe.w13.transpose(1, 2))
-            w2t.append(moe.w2.transpose(1, 2))
+            w13b.append(moe.w13)
+            w2b.append(moe.w2)
         return lists
 
     def weight_bytes(self) -> tuple[int, int]:

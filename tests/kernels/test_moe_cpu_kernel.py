@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kernels import cpu_ext
-from kernels.moe import input_major, moe_forward, moe_grouped_kernel
+from kernels.moe import block_experts, blocked, moe_forward, moe_grouped_kernel, unblock_experts
 from kernels.moe_reference import moe_reference
 from tests.kernels.moe_data import make_layer
 
@@ -25,68 +25,77 @@ def input_major_copy(w: torch.Tensor) -> torch.Tensor:
     return w.transpose(1, 2).contiguous().transpose(1, 2)
 
 
+@pytest.fixture(scope="module")
+def block(kernels):
+    return lambda w: block_experts(w, kernels.moe_block_columns())
+
+
 @pytest.mark.parametrize(("T", "E", "K", "D", "inter", "skew"), [
     (1, 8, 2, 64, 32, False),  # one token: two experts with one row each
     (8, 32, 4, 128, 64, False),  # decode: 1-2 rows per expert (the streaming loop)
     (40, 4, 2, 96, 48, True),  # skew: some experts past 16 rows (the library GEMM), some empty
-    (5, 6, 3, 70, 22, False),  # sizes that are not multiples of 4 or 8 (loop tails)
+    (5, 6, 3, 70, 22, False),  # sizes that are not multiples of 4 or 8 (a last block of 6 or 12 columns)
     (300, 4, 2, 128, 64, False),  # prefill: ~150 rows an expert, the library GEMM (oneDNN's for float32)
 ])
-def test_matches_the_grouped_reference(kernels, T, E, K, D, inter, skew):
+def test_matches_the_grouped_reference(kernels, block, T, E, K, D, inter, skew):
     x, ids, w, w13, w2 = make_layer(T, E, K, D, inter, seed=T, skew=skew)
     want = moe_reference(x, ids, w, w13, w2)
     with torch.inference_mode():
-        got = moe_grouped_kernel(x, ids, w, input_major_copy(w13), input_major_copy(w2), kernels)
+        got = moe_grouped_kernel(x, ids, w, block(w13), block(w2), kernels)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize(("T", "E", "K", "D", "inter"), [
-    (20, 2, 1, 48, 24),  # 10 rows an expert: one pass, tiles of 2 vectors and a 1-vector tail (AVX-512)
-    (96, 4, 2, 128, 64),  # ~48 rows an expert: balanced passes, still the streaming loop for float32
-    (3, 8, 3, 256, 128),  # 1-2 rows: the widest tiles
+    (20, 2, 1, 48, 24),  # 10 rows an expert: one group of rows; a full block and a half-padded one
+    (96, 4, 2, 128, 64),  # ~48 rows an expert: balanced groups over each block, still streamed for float32
+    (3, 8, 3, 256, 128),  # 1-2 rows
 ])
-def test_register_blocked_rows_match_the_reference(kernels, T, E, K, D, inter):
+def test_register_blocked_rows_match_the_reference(kernels, block, T, E, K, D, inter):
     x, ids, w, w13, w2 = make_layer(T, E, K, D, inter, seed=T + D)
     want = moe_reference(x, ids, w, w13, w2)
     with torch.inference_mode():
-        got = moe_grouped_kernel(x, ids, w, input_major_copy(w13), input_major_copy(w2), kernels)
+        got = moe_grouped_kernel(x, ids, w, block(w13), block(w2), kernels)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize(("T", "E", "K", "D", "inter"), [
     (8, 32, 4, 128, 64),  # decode: 1-2 rows an expert
     (24, 4, 2, 64, 32),  # 11-13 rows an expert: one pass of the bf16 loop
-    (5, 6, 3, 70, 22),  # widths that are not whole vectors: the plain loop
+    (5, 6, 3, 70, 22),  # widths that are not whole vectors: a part of the last block stored
 ])
-def test_bfloat16_weights_are_widened_exactly(kernels, T, E, K, D, inter):
+def test_bfloat16_weights_are_widened_exactly(kernels, block, T, E, K, D, inter):
     """bf16 in, float32 accumulation: against the float32 reference on the same bf16-rounded values, the
     only difference left is the output's own rounding to bf16."""
     x, ids, w, w13, w2 = make_layer(T, E, K, D, inter, seed=T + 1)
     xb, w13b, w2b = x.bfloat16(), w13.bfloat16(), w2.bfloat16()
     want = moe_reference(xb.float(), ids, w, w13b.float(), w2b.float())
     with torch.inference_mode():
-        got = moe_grouped_kernel(xb, ids, w, input_major_copy(w13b), input_major_copy(w2b), kernels)
+        got = moe_grouped_kernel(xb, ids, w, block(w13b), block(w2b), kernels)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), want, atol=2e-3, rtol=1.6e-2)
 
 
-def test_experts_nobody_picked_are_never_read(kernels):
+def test_experts_nobody_picked_are_never_read(kernels, block):
     x, ids, w, w13, w2 = make_layer(24, 16, 2, 64, 32, seed=5, skew=True)
     unused = sorted(set(range(16)) - set(ids.flatten().tolist()))
     assert unused
     want = moe_reference(x, ids, w, w13, w2)
     w13[unused], w2[unused] = float("nan"), float("nan")
     with torch.inference_mode():
-        got = moe_grouped_kernel(x, ids, w, input_major_copy(w13), input_major_copy(w2), kernels)
+        got = moe_grouped_kernel(x, ids, w, block(w13), block(w2), kernels)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
-def test_bfloat16(kernels):
-    x, ids, w, w13, w2 = make_layer(6, 8, 2, 64, 32, seed=9)
+@pytest.mark.parametrize(("T", "E", "inter"), [
+    (6, 8, 32),  # the streaming loop
+    (64, 4, 48),  # ~32 rows an expert: the library GEMM in bf16, on the paired blocks unpaired
+])
+def test_bfloat16(kernels, block, T, E, inter):
+    x, ids, w, w13, w2 = make_layer(T, E, 2, 64, inter, seed=9)
     want = moe_reference(x, ids, w, w13, w2)
     with torch.inference_mode():
-        got = moe_grouped_kernel(x.bfloat16(), ids, w, input_major_copy(w13.bfloat16()),
-                                 input_major_copy(w2.bfloat16()), kernels)
+        got = moe_grouped_kernel(x.bfloat16(), ids, w, block(w13.bfloat16()),
+                                 block(w2.bfloat16()), kernels)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
 
@@ -102,29 +111,58 @@ class Counting:
         return self.module.moe_experts(*args)
 
 
-def test_moe_forward_takes_the_kernel_only_for_input_major_weights(kernels):
+def test_moe_forward_takes_the_kernel_only_for_blocked_weights(kernels, block):
     x, ids, w, w13, w2 = make_layer(8, 8, 2, 64, 32, seed=3)
-    assert not input_major(w13) and input_major(input_major_copy(w13))
     spy = Counting(kernels)
     want = moe_reference(x, ids, w, w13, w2)
     with torch.inference_mode():
         plain = moe_forward(x, ids, w, w13, w2, cpu_kernels=spy)  # the checkpoint's layout: a torch path
+        major = moe_forward(x, ids, w, input_major_copy(w13), input_major_copy(w2), cpu_kernels=spy)  # torch too
         assert spy.calls == 0
-        ours = moe_forward(x, ids, w, input_major_copy(w13), input_major_copy(w2), cpu_kernels=spy)
+        ours = moe_forward(x, ids, w, block(w13), block(w2), cpu_kernels=spy)
         assert spy.calls == 1
-    torch.testing.assert_close(plain, want, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(ours, want, atol=1e-5, rtol=1e-5)
+    for got in (plain, major, ours):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
-def test_bad_inputs_are_refused(kernels):
+def test_blocked_weights_without_the_kernel_are_an_error_not_garbage(kernels, block):
+    x, ids, w, w13, w2 = make_layer(4, 4, 2, 64, 32, seed=4)
+    with torch.inference_mode(), pytest.raises(ValueError, match="only through the CPU kernel"):
+        moe_forward(x, ids, w, block(w13), block(w2))
+    with torch.inference_mode(), pytest.raises(ValueError, match="or both blocked"):
+        moe_forward(x, ids, w, block(w13), w2, cpu_kernels=kernels)
+    with pytest.raises(ValueError, match="only through the CPU kernel"):  # autograd on: training never gets here
+        moe_forward(x, ids, w, block(w13), block(w2), cpu_kernels=kernels)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("N", "K"), [(64, 48), (70, 22), (8, 5)])
+def test_block_experts_round_trips_and_pads_with_zeros(kernels, N, K, dtype):
+    w = torch.randn(3, N, K).to(dtype)
+    B = kernels.moe_block_columns()
+    b = block_experts(w, B)
+    assert blocked(b) and b.is_contiguous() and tuple(b.shape) == (3, -(-N // B), K, B)
+    row = b[1, 0, 2]  # expert 1, block 0, k = 2
+    if dtype == torch.float32:
+        assert torch.equal(row[: min(B, N)], w[1, : min(B, N), 2])
+    elif N >= B:  # bf16: columns c and c + B / 2 side by side
+        assert torch.equal(row[0::2], w[1, : B // 2, 2]) and torch.equal(row[1::2], w[1, B // 2 : B, 2])
+    assert torch.equal(unblock_experts(b, N), w)
+    assert not unblock_experts(b, b.shape[1] * B)[:, N:].any()
+
+
+def test_bad_inputs_are_refused(kernels, block):
     x, ids, w = torch.randn(3, 16), torch.tensor([[0, 1], [1, 0], [0, 1]]), torch.rand(3, 2)
-    w13t, w2t = torch.randn(2, 16, 8), torch.randn(2, 4, 16)
+    w13b, w2b = block(torch.randn(2, 8, 16)), block(torch.randn(2, 16, 4))
     with pytest.raises(RuntimeError, match="expert id 2 is outside 0..1"):
-        kernels.moe_experts(x, torch.tensor([[0, 1], [1, 2], [0, 1]]), w, w13t, w2t)
+        kernels.moe_experts(x, torch.tensor([[0, 1], [1, 2], [0, 1]]), w, w13b, w2b)
     with pytest.raises(RuntimeError, match="float32"):
-        kernels.moe_experts(x, ids, w.double(), w13t, w2t)
-    with pytest.raises(RuntimeError, match="shapes differ"):
-        kernels.moe_experts(x, ids, w, w13t, torch.randn(2, 4, 15))
+        kernels.moe_experts(x, ids, w.double(), w13b, w2b)
+    for w2_bad in (torch.randn(2, 16, 40), torch.randn(3, 16, 4), torch.randn(2, 48, 4)):  # I, E, D
+        with pytest.raises(RuntimeError, match="shapes differ"):
+            kernels.moe_experts(x, ids, w, w13b, block(w2_bad))
+    with pytest.raises(RuntimeError, match="blocked weights"):  # the plain input-major layout
+        kernels.moe_experts(x, ids, w, torch.randn(2, 16, 8), torch.randn(2, 4, 16))
 
 
 def test_float32_prefill_experts_run_on_onednn_where_torch_has_it(kernels):
@@ -133,10 +171,10 @@ def test_float32_prefill_experts_run_on_onednn_where_torch_has_it(kernels):
     assert kernels.moe_float32_gemm() == ("onednn" if cpu_pack.available(torch.float32) else "mm")
 
 
-def test_the_same_bits_on_one_thread_and_on_two(kernels):
+def test_the_same_bits_on_one_thread_and_on_two(kernels, block):
     x, ids, w, w13, w2 = make_layer(160, 16, 4, 128, 64, seed=21, skew=True)  # streamed and GEMM experts
     assert torch.bincount(ids.flatten()).max() > 64 and torch.bincount(ids.flatten()).min() <= 64
-    w13i, w2i = input_major_copy(w13), input_major_copy(w2)
+    w13i, w2i = block(w13), block(w2)
     threads = torch.get_num_threads()
     try:
         outs = []
@@ -150,13 +188,13 @@ def test_the_same_bits_on_one_thread_and_on_two(kernels):
     torch.testing.assert_close(outs[0], moe_reference(x, ids, w, w13, w2), atol=1e-5, rtol=1e-5)
 
 
-def test_the_kernel_lets_other_python_threads_run(kernels):
+def test_the_kernel_lets_other_python_threads_run(kernels, block):
     """A server's event loop must keep streaming while a step's experts run: the call lets go of the GIL."""
     import threading
     import time
 
     x, ids, w, w13, w2 = make_layer(8192, 4, 2, 512, 512, seed=4)  # one call of ~25 GFLOP
-    w13i, w2i = input_major_copy(w13), input_major_copy(w2)
+    w13i, w2i = block(w13), block(w2)
     timing: dict[str, float] = {}
 
     def work():

@@ -158,7 +158,7 @@ def test_cpu_kernels_give_the_same_tokens_and_logits(tiny_hermes, engine):
     if cpu_ext.load(build_in_background=False) is None:
         pytest.skip("our CPU kernels are not built on this machine (tests/kernels builds them)")
     assert "decode attention: paged CPU kernel" in engine.describe()
-    assert "experts through the CPU kernel" in engine.describe()
+    assert "experts blocked for the CPU kernel" in engine.describe()
     gathered = NativeEngine(str(tiny_hermes), EngineConfig(dtype="float32", kv_cache_tokens=8192, cpu_kernels=False))
     assert gathered.runner.cpu_kernels is None and "CPU kernel" not in gathered.describe()
     ps = prompts(8, seed=15)
