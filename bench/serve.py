@@ -25,7 +25,8 @@ Then, unless skipped: a per-step profile of the native model (decode steps at ba
 thread: the engine's step, all layers in one C++ call; the same step layer by layer in Python, split into
 ms in the experts, in attention, in the rest; the torch paths), and the agent-shaped trace of the prefix cache
 (10 turns, each prompt = the previous prompt + a 32-token reply + a 200-token tool output; TTFT with
-the cache on and off) on the first shape. Prints tables; writes JSON and a PNG next to it.
+the cache on and off, per turn the median of 3 conversations) on the first shape. Prints tables; writes
+JSON and a PNG next to it.
 """
 
 from __future__ import annotations
@@ -288,22 +289,26 @@ async def agent_trace(base: str, turns: int = 10, seed: int = 1) -> list[float]:
     return ttfts
 
 
-def trace(model: Path) -> dict:
-    out = {}
+def trace(model: Path, conversations: int = 3) -> dict:
+    """Each server (prefix cache on, off) runs `conversations` traces with different seeds, one after the
+    other; each turn's TTFT is their median (a single trace was at the mercy of one slow turn)."""
+    out, each = {}, {}
     for label, extra in (("cached", []), ("uncached", ["--no-prefix-caching"])):
         proc, base = start_server(model, "--engine", "native", *extra)
         try:
-            out[label] = asyncio.run(agent_trace(base))
+            each[label] = [asyncio.run(agent_trace(base, seed=seed)) for seed in range(1, conversations + 1)]
         finally:
             proc.terminate()
             proc.wait()
-    print("\n## agent-shaped trace (native): 10 turns, prompt = previous + 32-token reply + 200-token tool output")
+        out[label] = [statistics.median(turn) for turn in zip(*each[label], strict=True)]
+    print(f"\n## agent-shaped trace (native): 10 turns, prompt = previous + 32-token reply + 200-token tool output "
+          f"(median of {conversations} conversations)")
     print(f"{'turn':>4} {'prompt tokens':>13} {'TTFT cached':>12} {'TTFT uncached':>14}")
     for i, (a, b) in enumerate(zip(out["cached"], out["uncached"], strict=True)):
         print(f"{i + 1:>4} {1500 + i * 232:>13} {a * 1e3:>10.0f}ms {b * 1e3:>12.0f}ms")
     ca, cb = sum(out["cached"][1:]), sum(out["uncached"][1:])
     print(f"turns 2-10 total TTFT: {ca * 1e3:.0f} ms with the prefix cache vs {cb * 1e3:.0f} ms without ({cb / ca:.1f}x)")
-    return out
+    return out | {"conversations": each}
 
 
 # -- the run ----------------------------------------------------------------------------------------
