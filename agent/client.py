@@ -486,7 +486,9 @@ class _Accumulator:
             content = content.strip()
         end = time.monotonic()
         if self.usage:
-            usage = Usage(int(self.usage.get("prompt_tokens") or 0), int(self.usage.get("completion_tokens") or 0))
+            details = self.usage.get("prompt_tokens_details") or {}
+            usage = Usage(int(self.usage.get("prompt_tokens") or 0), int(self.usage.get("completion_tokens") or 0),
+                          cached_tokens=int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0)
         else:
             usage = Usage(estimate_tokens(body.get("messages", [])) + estimate_tokens(body.get("tools") or []),
                           estimate_tokens(content + "".join(self.reasoning)) + sum(

@@ -213,7 +213,8 @@ class Agent:
         # A speed needs tokens streamed over a measurable time: none when the turn ended before them.
         speed = round(u.completion_tokens / gen_s, 2) if gen_s > 0.001 and u.completion_tokens else 0.0
         self.emit(UsageReport(self.turn, prompt, u.completion_tokens, self.prompt_tokens,
-                              self.completion_tokens, self.window, round(reply.ttft_s, 4), speed, u.estimated))
+                              self.completion_tokens, self.window, round(reply.ttft_s, 4), speed, u.estimated,
+                              u.cached_tokens))
 
     # -- tools' events --------------------------------------------------------------------------------
 
@@ -293,4 +294,5 @@ class Agent:
 
 def _usage(reply: ModelTurn) -> dict[str, Any]:
     u = reply.usage
-    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens, "estimated": u.estimated}
+    return {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens, "estimated": u.estimated,
+            "cached_tokens": u.cached_tokens}

@@ -23,6 +23,8 @@ class Usage:
     completion_tokens: int = 0
     # True when the server did not report usage and these are estimates (chars / 4).
     estimated: bool = False
+    # Prompt tokens the server's prefix cache supplied (usage.prompt_tokens_details.cached_tokens; 0 if unsaid).
+    cached_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
@@ -119,6 +121,7 @@ class UsageReport(Event):
     time_to_first_token_s: float
     tokens_per_s: float
     estimated: bool = False
+    cached_tokens: int = 0  # of this turn's prompt tokens, how many the server's prefix cache supplied
 
 
 @dataclass

@@ -63,6 +63,7 @@ class ChoiceOut:
     completion_tokens: int = 0
     policy_version: int | None = None
     routed_experts: Any = None  # [T, M, K] (return_routed_experts)
+    cached_tokens: int | None = None  # prompt tokens from the engine's prefix cache (None: not known)
 
 
 def prepare(state: ServerState, req: ChatCompletionRequest) -> Prepared:
@@ -142,6 +143,7 @@ async def choice_events(state: ServerState, p: Prepared, params: SamplingParams,
                 out.policy_version = piece.policy_version
             if isinstance(piece, Finish):
                 out.finish_reason, out.completion_tokens = piece.reason, piece.completion_tokens
+                out.cached_tokens = piece.cached_tokens
                 break
             if piece.routed_experts is not None:
                 out.routed_experts = piece.routed_experts
@@ -217,7 +219,8 @@ async def chat_completion(state: ServerState, req: ChatCompletionRequest, reques
     completion = sum(o.completion_tokens for o in outs)
     body: dict[str, Any] = {"id": rid, "object": "chat.completion", "created": created, "model": state.served_name,
                             "policy_version": state.response_version([o.policy_version for o in outs]),
-                            "choices": choices, "usage": usage(len(p.prompt_ids), completion)}
+                            "choices": choices,
+                            "usage": usage(len(p.prompt_ids), completion, [o.cached_tokens for o in outs])}
     if req.return_token_ids:
         body["prompt_token_ids"] = p.prompt_ids
     state.metrics.requests.labels("/v1/chat/completions", "200").inc()
@@ -249,8 +252,15 @@ def _logprobs(state: ServerState, ids: list[int], logprobs: list[float | None],
                         for tid, lp, top in zip(ids, logprobs, tops, strict=False)]}
 
 
-def usage(prompt: int, completion: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+def usage(prompt: int, completion: int, cached: list[int | None] | None = None) -> dict[str, Any]:
+    """OpenAI's usage. `cached`: each choice's prompt tokens that came from the prefix cache; where every
+    choice knows, they are reported as OpenAI and vLLM do (`prompt_tokens_details.cached_tokens`), per
+    prompt like `prompt` (a prompt's n choices each prefill it, so the mean over them)."""
+    out: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
+                           "total_tokens": prompt + completion}
+    if cached and None not in cached:
+        out["prompt_tokens_details"] = {"cached_tokens": sum(cached) // len(cached)}
+    return out
 
 
 async def _stream(state: ServerState, req: ChatCompletionRequest, p: Prepared, rid: str, created: int,
@@ -261,6 +271,7 @@ async def _stream(state: ServerState, req: ChatCompletionRequest, p: Prepared, r
         return f"data: {json.dumps(base | {'choices': choices} | extra, ensure_ascii=False)}\n\n".encode()
 
     queue: asyncio.Queue = asyncio.Queue()
+    cached: list[int | None] = []  # per finished choice (usage)
 
     async def produce(i: int) -> None:
         calls = 0
@@ -292,6 +303,7 @@ async def _stream(state: ServerState, req: ChatCompletionRequest, p: Prepared, r
                         final["token_ids"] = ids
                     if req.return_routed_experts:
                         final["routed_experts"] = _routes(value)
+                    cached.append(value.cached_tokens)
                     await queue.put(("done", final, value.completion_tokens))
                     return
                 if kind == "tool_call":
@@ -333,7 +345,7 @@ async def _stream(state: ServerState, req: ChatCompletionRequest, p: Prepared, r
                 completion += n
             yield chunk([value])
         if include_usage:
-            yield chunk([], usage=usage(len(p.prompt_ids), completion))
+            yield chunk([], usage=usage(len(p.prompt_ids), completion, cached))
         yield b"data: [DONE]\n\n"
         state.metrics.requests.labels("/v1/chat/completions", "200").inc()
     finally:

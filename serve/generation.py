@@ -45,6 +45,7 @@ class Finish:
     completion_tokens: int
     ttft_s: float
     policy_version: int | None = None  # None when no token came
+    cached_tokens: int | None = None  # prompt tokens the engine's prefix cache supplied (None: not known)
 
 
 async def run_choice(engine: Engine, tokenizer, prompt_ids: list[int], params: SamplingParams,
@@ -82,6 +83,7 @@ async def _choice(engine: Engine, tokenizer, prompt_ids: list[int], params: Samp
     n = 0
     reason = "length"
     version: int | None = None
+    cached: int | None = None
     stream = engine.generate(prompt_ids, params)
     prompt_started(prompt_ids)  # the access log and throughput line (serve/access_log.py)
     try:
@@ -91,6 +93,7 @@ async def _choice(engine: Engine, tokenizer, prompt_ids: list[int], params: Samp
             version = tok.policy_version
             if first is None:
                 first = time.monotonic()
+                cached = tok.cached_tokens
             if tok.id in stop_ids:
                 reason = "stop"
                 yield Piece("", [tok.id], [tok.logprob], [tok.top], version, tok.routed_experts)
@@ -111,4 +114,4 @@ async def _choice(engine: Engine, tokenizer, prompt_ids: list[int], params: Samp
                 metrics.ttft.observe(first - start)
                 if n > 1:
                     metrics.decode_rate.observe((n - 1) / max(1e-6, time.monotonic() - first))
-    yield Finish(reason, n, (first or time.monotonic()) - start, version)
+    yield Finish(reason, n, (first or time.monotonic()) - start, version, cached)

@@ -52,9 +52,11 @@ async def text_completion(state: ServerState, req: CompletionRequest, request: R
         return StreamingResponse(_stream(state, req, jobs, base, prompt_tokens, include_usage),
                                  media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     results = await unless_disconnected(request, asyncio.gather(*(_collect(state, req, job) for job in jobs)))
-    choices = [c for c, _, _ in results]
-    body: dict[str, Any] = base | {"policy_version": state.response_version([v for _, _, v in results]),
-                                   "choices": choices, "usage": usage(prompt_tokens, sum(n for _, n, _ in results))}
+    choices = [c for c, _, _, _ in results]
+    body: dict[str, Any] = base | {"policy_version": state.response_version([v for _, _, v, _ in results]),
+                                   "choices": choices,
+                                   "usage": usage(prompt_tokens, sum(n for _, n, _, _ in results),
+                                                  per_prompt(req, [c for _, _, _, c in results]))}
     if req.return_token_ids:
         body["prompt_token_ids"] = [ids for _, ids, _, _ in jobs[:: req.n]]
     state.metrics.requests.labels("/v1/completions", "200").inc()
@@ -76,14 +78,24 @@ def _legacy_logprobs(state: ServerState, pieces: list[Piece], offset: int) -> di
     return out
 
 
-async def _collect(state: ServerState, req: CompletionRequest, job) -> tuple[dict[str, Any], int, int | None]:
-    """(choice, completion tokens, policy version)."""
+def per_prompt(req: CompletionRequest, cached: list[int | None]) -> list[int | None]:
+    """Each choice's cached prompt tokens, n choices a prompt, summed over the prompts as `prompt_tokens` is
+    (usage reports the mean over each prompt's n choices)."""
+    if None in cached:
+        return [None]
+    return [sum(cached[j::req.n]) for j in range(req.n)]
+
+
+async def _collect(state: ServerState, req: CompletionRequest,
+                   job) -> tuple[dict[str, Any], int, int | None, int | None]:
+    """(choice, completion tokens, policy version, cached prompt tokens)."""
     index, ids, text, params = job
     pieces: list[Piece] = []
-    finish, n, version = "length", 0, None
+    finish, n, version, cached = "length", 0, None, None
     async for piece in run_choice(state.engine, state.chat.tokenizer, ids, params, req.stop_list(), state.metrics):
         if isinstance(piece, Finish):
             finish, n, version = piece.reason, piece.completion_tokens, piece.policy_version
+            cached = piece.cached_tokens
         else:
             pieces.append(piece)
     token_ids = [t for p in pieces for t in p.token_ids]
@@ -93,7 +105,7 @@ async def _collect(state: ServerState, req: CompletionRequest, job) -> tuple[dic
                               "logprobs": None if req.logprobs is None else _legacy_logprobs(state, pieces, len(prefix))}
     if req.return_token_ids:
         choice["token_ids"] = token_ids
-    return choice, n, version
+    return choice, n, version, cached
 
 
 async def _stream(state: ServerState, req: CompletionRequest, jobs, base: dict[str, Any], prompt_tokens: int,
@@ -102,6 +114,7 @@ async def _stream(state: ServerState, req: CompletionRequest, jobs, base: dict[s
         return f"data: {json.dumps(base | {'choices': choices} | extra, ensure_ascii=False)}\n\n".encode()
 
     queue: asyncio.Queue = asyncio.Queue()  # (choice or error body, completion tokens, finished, policy version)
+    cached: list[int | None] = [None] * len(jobs)  # per job, once finished (usage)
 
     async def produce(job) -> None:
         try:
@@ -118,6 +131,7 @@ async def _stream(state: ServerState, req: CompletionRequest, jobs, base: dict[s
         async for piece in run_choice(state.engine, state.chat.tokenizer, ids, params, req.stop_list(),
                                       state.metrics, state.stream_interval):
             if isinstance(piece, Finish):
+                cached[index] = piece.cached_tokens
                 await queue.put(({"index": index, "text": "", "finish_reason": piece.reason, "logprobs": None},
                                  piece.completion_tokens, True, piece.policy_version))
             elif piece.text or req.return_token_ids or (req.logprobs is not None and piece.token_ids):
@@ -155,7 +169,7 @@ async def _stream(state: ServerState, req: CompletionRequest, jobs, base: dict[s
         for h in held:
             yield chunk([h])
         if include_usage:
-            yield chunk([], usage=usage(prompt_tokens, completion))
+            yield chunk([], usage=usage(prompt_tokens, completion, per_prompt(req, cached)))
         yield b"data: [DONE]\n\n"
         state.metrics.requests.labels("/v1/completions", "200").inc()
     finally:

@@ -52,6 +52,8 @@ class GenToken:
     """The version of the weights that produced this token (a request's tokens all share one)."""
     routed_experts: Any = None
     """On a request's last token, when asked (SamplingParams.return_routed_experts): [T, M, K] experts."""
+    cached_tokens: int | None = None
+    """On a request's first token, from engines with a prefix cache: how many prompt tokens it supplied."""
 
 
 @dataclass

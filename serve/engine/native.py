@@ -368,7 +368,8 @@ class NativeEngine(Engine):
                 continue
             token, logprob, top = pick
             seq.token_ids.append(token)
-            tok = GenToken(token, logprob, top, seq.policy_version)
+            tok = GenToken(token, logprob, top, seq.policy_version,
+                           cached_tokens=seq.num_cached if seq.num_generated == 1 else None)
             out.append((seq, tok))
             if (token in seq.params.stop_token_ids or seq.num_generated >= seq.params.max_tokens
                     or len(seq) >= self.max_model_len or seq.cancelled.is_set()):

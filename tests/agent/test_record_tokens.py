@@ -61,8 +61,15 @@ def check_token_records(data, ckpt: Path) -> list[dict]:
     requests = list(data.requests())
     assert requests
     answers = []
+    previous: list[int] = []
     for rec, sent in requests:
         prompt, ids, logprobs = rec["prompt_token_ids"], rec["completion_token_ids"], rec["completion_logprobs"]
+        # the server's prefix cache (whole 16-token blocks): a request that extends the previous one reuses it
+        cached = rec["usage"]["cached_tokens"]
+        assert cached % 16 == 0 and 0 <= cached < len(prompt)
+        if previous and prompt[: len(previous)] == previous:
+            assert cached >= len(previous) // 16 * 16
+        previous = prompt
         assert prompt and all(type(i) is int for i in prompt)
         assert all(type(i) is int for i in ids)
         assert len(ids) == len(logprobs) == rec["usage"]["completion_tokens"] > 0
@@ -235,3 +242,15 @@ def test_routes_are_kept_from_a_position_on_and_malformed_ones_dropped():
     assert routes_from(routes | {"data": "not base64!"}, 0) is None
     assert routes_from(routes | {"dtype": "float32"}, 0) is None
     assert routes_from(routes, 7) is None
+
+
+def test_the_client_reports_the_servers_cached_prompt_tokens(server):
+    """Against the real composer-serve: an agent's next request extends its last one, and the usage the
+    client reports says the history came from the server's prefix cache."""
+    client = OpenAIClient(Config(model="tiny", base_url=server.base_url, temperature=0.0, max_output_tokens=6))
+    messages = [{"role": "system", "content": "a session of its own: " + "x" * 20 + str(threading.get_ident())},
+                {"role": "user", "content": "what does main.py do?"}]
+    first = client.complete(messages, None, StreamCallbacks(), threading.Event())
+    messages += [{"role": "assistant", "content": first.content}, {"role": "user", "content": "and utils.py?"}]
+    second = client.complete(messages, None, StreamCallbacks(), threading.Event())
+    assert first.usage.prompt_tokens // 16 * 16 <= second.usage.cached_tokens < second.usage.prompt_tokens
