@@ -220,7 +220,7 @@ async def chat_completion(state: ServerState, req: ChatCompletionRequest, reques
     body: dict[str, Any] = {"id": rid, "object": "chat.completion", "created": created, "model": state.served_name,
                             "policy_version": state.response_version([o.policy_version for o in outs]),
                             "choices": choices,
-                            "usage": usage(len(p.prompt_ids), completion, [o.cached_tokens for o in outs])}
+                            "usage": usage(len(p.prompt_ids), completion, [o.cached_tokens for o in outs], req.n)}
     if req.return_token_ids:
         body["prompt_token_ids"] = p.prompt_ids
     state.metrics.requests.labels("/v1/chat/completions", "200").inc()
@@ -252,14 +252,14 @@ def _logprobs(state: ServerState, ids: list[int], logprobs: list[float | None],
                         for tid, lp, top in zip(ids, logprobs, tops, strict=False)]}
 
 
-def usage(prompt: int, completion: int, cached: list[int | None] | None = None) -> dict[str, Any]:
-    """OpenAI's usage. `cached`: each choice's prompt tokens that came from the prefix cache; where every
-    choice knows, they are reported as OpenAI and vLLM do (`prompt_tokens_details.cached_tokens`), per
-    prompt like `prompt` (a prompt's n choices each prefill it, so the mean over them)."""
+def usage(prompt: int, completion: int, cached: list[int | None] | None = None, n: int = 1) -> dict[str, Any]:
+    """OpenAI's usage. `cached`: every choice's prompt tokens that came from the prefix cache; where each
+    choice knows, they are reported as OpenAI and vLLM do (`prompt_tokens_details.cached_tokens`), counted
+    like `prompt` (each prompt once: its n choices each prefill it, so their sum / n)."""
     out: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion,
                            "total_tokens": prompt + completion}
     if cached and None not in cached:
-        out["prompt_tokens_details"] = {"cached_tokens": sum(cached) // len(cached)}
+        out["prompt_tokens_details"] = {"cached_tokens": sum(cached) // n}
     return out
 
 
@@ -345,7 +345,7 @@ async def _stream(state: ServerState, req: ChatCompletionRequest, p: Prepared, r
                 completion += n
             yield chunk([value])
         if include_usage:
-            yield chunk([], usage=usage(len(p.prompt_ids), completion, cached))
+            yield chunk([], usage=usage(len(p.prompt_ids), completion, cached, req.n))
         yield b"data: [DONE]\n\n"
         state.metrics.requests.labels("/v1/chat/completions", "200").inc()
     finally:

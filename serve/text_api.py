@@ -56,7 +56,7 @@ async def text_completion(state: ServerState, req: CompletionRequest, request: R
     body: dict[str, Any] = base | {"policy_version": state.response_version([v for _, _, v, _ in results]),
                                    "choices": choices,
                                    "usage": usage(prompt_tokens, sum(n for _, n, _, _ in results),
-                                                  per_prompt(req, [c for _, _, _, c in results]))}
+                                                  [c for _, _, _, c in results], req.n)}
     if req.return_token_ids:
         body["prompt_token_ids"] = [ids for _, ids, _, _ in jobs[:: req.n]]
     state.metrics.requests.labels("/v1/completions", "200").inc()
@@ -76,14 +76,6 @@ def _legacy_logprobs(state: ServerState, pieces: list[Piece], offset: int) -> di
             out["text_offset"].append(offset)
             offset += len(token)
     return out
-
-
-def per_prompt(req: CompletionRequest, cached: list[int | None]) -> list[int | None]:
-    """Each choice's cached prompt tokens, n choices a prompt, summed over the prompts as `prompt_tokens` is
-    (usage reports the mean over each prompt's n choices)."""
-    if None in cached:
-        return [None]
-    return [sum(cached[j::req.n]) for j in range(req.n)]
 
 
 async def _collect(state: ServerState, req: CompletionRequest,
@@ -169,7 +161,7 @@ async def _stream(state: ServerState, req: CompletionRequest, jobs, base: dict[s
         for h in held:
             yield chunk([h])
         if include_usage:
-            yield chunk([], usage=usage(prompt_tokens, completion, per_prompt(req, cached)))
+            yield chunk([], usage=usage(prompt_tokens, completion, cached, req.n))
         yield b"data: [DONE]\n\n"
         state.metrics.requests.labels("/v1/completions", "200").inc()
     finally:
