@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from kernels.backend import interpreting
+from kernels.launches import launch
 from kernels.moe_align import moe_align_block_size
 from kernels.mxfp8 import MXFP8Tensor
 from kernels.mxfp8_triton import block_amax, e8m0_to_float32, scale_exponent, scale_multiplier, to_e4m3_bits
@@ -217,19 +218,21 @@ def fused_moe_mxfp8(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_
     common = dict(DOT_SCALED=mma == "dot_scaled", F32_DOT=interpreting(), EXACT_CAST=interpreting())
 
     gu = tiles.gate_up
-    _gate_up_kernel[(n_blocks, triton.cdiv(inter, gu.block_n))](
-        x_TD, w13_data, w13_scales, h, aligned.sorted_pair_ids, aligned.block_expert, aligned.num_padded,
-        T * K, D, inter,
-        x_TD.stride(0), w13_data.stride(0), w13_data.stride(1), w13_scales.stride(0), w13_scales.stride(1),
-        h.stride(0),
-        TOP_K=K, BLOCK_M=tiles.block_m, BLOCK_N=gu.block_n, BLOCK_K=gu.block_k,
-        num_warps=gu.num_warps, num_stages=gu.num_stages, **common)
+    with launch("moe_gate_up"):
+        _gate_up_kernel[(n_blocks, triton.cdiv(inter, gu.block_n))](
+            x_TD, w13_data, w13_scales, h, aligned.sorted_pair_ids, aligned.block_expert, aligned.num_padded,
+            T * K, D, inter,
+            x_TD.stride(0), w13_data.stride(0), w13_data.stride(1), w13_scales.stride(0), w13_scales.stride(1),
+            h.stride(0),
+            TOP_K=K, BLOCK_M=tiles.block_m, BLOCK_N=gu.block_n, BLOCK_K=gu.block_k,
+            num_warps=gu.num_warps, num_stages=gu.num_stages, **common)
     dn = tiles.down
-    _down_kernel[(n_blocks, triton.cdiv(D, dn.block_n))](
-        h, w2_data, w2_scales, out_PD, weights_P, aligned.sorted_pair_ids, aligned.block_expert,
-        aligned.num_padded, T * K, D, inter,
-        h.stride(0), w2_data.stride(0), w2_data.stride(1), w2_scales.stride(0), w2_scales.stride(1),
-        out_PD.stride(0),
-        BLOCK_M=tiles.block_m, BLOCK_N=dn.block_n, BLOCK_K=dn.block_k,
-        num_warps=dn.num_warps, num_stages=dn.num_stages, **common)
+    with launch("moe_down"):
+        _down_kernel[(n_blocks, triton.cdiv(D, dn.block_n))](
+            h, w2_data, w2_scales, out_PD, weights_P, aligned.sorted_pair_ids, aligned.block_expert,
+            aligned.num_padded, T * K, D, inter,
+            h.stride(0), w2_data.stride(0), w2_data.stride(1), w2_scales.stride(0), w2_scales.stride(1),
+            out_PD.stride(0),
+            BLOCK_M=tiles.block_m, BLOCK_N=dn.block_n, BLOCK_K=dn.block_k,
+            num_warps=dn.num_warps, num_stages=dn.num_stages, **common)
     return out_PD.view(T, K, D).sum(dim=1).to(x_TD.dtype)
