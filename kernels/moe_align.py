@@ -4,9 +4,18 @@ The MoE kernels tile the sorted pairs in blocks of BLOCK_M rows; every block the
 expert, so a program loads one expert's weights and applies them to up to BLOCK_M rows (vLLM's
 moe_align_block_size does the same job in CUDA). Pair p = t * K + k stands for token t's k-th choice.
 
-Written in plain torch ops so that it runs anywhere and never waits on the GPU: the output has a fixed
-worst-case length, and the real length stays on the device (`num_padded`) for the kernels to read.
-Limits: expert ids are trusted to lie in [0, E) (checking them would cost a device sync).
+Two implementations with the same outputs, value for value, neither of which waits on the GPU: the output
+has a fixed worst-case length, and the real length stays on the device (`num_padded`) for the kernels to
+read.
+- `moe_align_block_size_reference`: ~20 plain torch ops; runs anywhere, any size.
+- kernels/moe_align_triton.py: one Triton launch (one program), for the few pairs of a decode step,
+  where the reference's ~20 launches per MoE layer are the cost.
+`moe_align_block_size` takes the kernel when `use_triton(device)` (kernels/backend.py) and the problem
+fits it (1..TRITON_MAX_PAIRS pairs of a 2-D integer topk_ids, at most TRITON_MAX_EXPERTS experts), else
+the reference.
+
+Limits: expert ids are trusted to lie in [0, E) (checking them would cost a device sync); the kernel
+drops an out-of-range id's pair, the reference raises (CPU) or trips a device assert (CUDA).
 """
 
 from __future__ import annotations
@@ -14,6 +23,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from kernels.backend import use_triton
+
+# Up to these sizes moe_align_block_size runs the one-launch kernel. Its single program loops over the
+# pairs in chunks of a [pairs, experts] one-hot tile, so its time grows with P * E; beyond decode sizes
+# (Qwen3-MoE: E = 128, K = 8, so 1024 pairs is 128 tokens) the reference's parallel ops win and the
+# launch count no longer matters.
+TRITON_MAX_PAIRS = 1024
+TRITON_MAX_EXPERTS = 512
 
 
 @dataclass(frozen=True)
@@ -37,6 +55,23 @@ def max_padded_length(num_pairs: int, num_experts: int, block_m: int) -> int:
 
 
 def moe_align_block_size(topk_ids_TK: torch.Tensor, block_m: int, num_experts: int) -> AlignedPairs:
+    """Sort the T*K (token, slot) pairs by expert, each expert's run padded to a multiple of block_m."""
+    if _fits_triton(topk_ids_TK, num_experts) and use_triton(topk_ids_TK.device):
+        from kernels.moe_align_triton import moe_align_block_size_triton
+
+        return moe_align_block_size_triton(topk_ids_TK, block_m, num_experts)
+    return moe_align_block_size_reference(topk_ids_TK, block_m, num_experts)
+
+
+def _fits_triton(topk_ids_TK: torch.Tensor, num_experts: int) -> bool:
+    dtype = topk_ids_TK.dtype
+    integer = not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+    return (topk_ids_TK.dim() == 2 and integer and 1 <= topk_ids_TK.numel() <= TRITON_MAX_PAIRS
+            and 1 <= num_experts <= TRITON_MAX_EXPERTS)
+
+
+def moe_align_block_size_reference(topk_ids_TK: torch.Tensor, block_m: int, num_experts: int) -> AlignedPairs:
+    """The torch ops; any size, any device. The definition the one-launch kernel is tested against."""
     device = topk_ids_TK.device
     expert_P = topk_ids_TK.reshape(-1).to(torch.int64)  # P = T*K pairs
     num_pairs = expert_P.numel()
