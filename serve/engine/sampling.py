@@ -77,6 +77,11 @@ def exponential_noise(seeds_B2: torch.Tensor, draws_B: torch.Tensor, vocab: int)
     draw, not on the batch; the two devices draw different (equally distributed) noise."""
     if seeds_B2.device.type == "cpu":
         return _exponential_noise_cpu(seeds_B2, draws_B, vocab)
+    return hash_noise(seeds_B2, draws_B, vocab)
+
+
+def hash_noise(seeds_B2: torch.Tensor, draws_B: torch.Tensor, vocab: int) -> torch.Tensor:
+    """The GPU's Exp(1) noise: integer hashes of (row key, column), the same on any device."""
     key_B = _mix32(seeds_B2[:, 0] ^ _mix32(seeds_B2[:, 1] ^ _mix32(draws_B & _M32)))
     col_V = torch.arange(vocab, device=seeds_B2.device, dtype=torch.int64)
     h_BV = _mix32((key_B[:, None] + col_V[None, :] * 0x61C88647) & _M32)
@@ -85,12 +90,12 @@ def exponential_noise(seeds_B2: torch.Tensor, draws_B: torch.Tensor, vocab: int)
 
 
 def _exponential_noise_cpu(seeds_B2: torch.Tensor, draws_B: torch.Tensor, vocab: int) -> torch.Tensor:
+    # the CPU generator (mt19937) keeps only a seed's low 32 bits: the row's 32-bit key is all it gets
     keys = _mix32(seeds_B2[:, 0] ^ _mix32(seeds_B2[:, 1] ^ _mix32(draws_B & _M32))).tolist()
-    seeds = seeds_B2.tolist()
     out_BV = torch.empty(len(keys), vocab, dtype=torch.float32)
     gen = torch.Generator()
-    for i, (key, (lo, hi)) in enumerate(zip(keys, seeds, strict=True)):
-        gen.manual_seed((key << 32) ^ (hi << 16) ^ lo)
+    for i, key in enumerate(keys):
+        gen.manual_seed(key)
         out_BV[i].exponential_(generator=gen)
     return out_BV
 

@@ -11,6 +11,7 @@ from serve.engine.op_count import OpCounter
 from serve.engine.sampling import (
     RowParams,
     exponential_noise,
+    hash_noise,
     make_generator,
     sample,
     sample_batch,
@@ -67,9 +68,11 @@ def test_the_stream_moves_on_and_seeds_differ():
 
 def test_noise_is_exponential():
     seeds = torch.tensor([[1, 0], [2**32 - 1, 2**32 - 1]], dtype=torch.int64)
-    noise = exponential_noise(seeds, torch.tensor([0, 7]), 50_000)
-    assert noise.min() > 0
-    assert noise.mean(-1).sub(1).abs().max() < 0.02 and noise.std(-1).sub(1).abs().max() < 0.03
+    for noise_fn in (exponential_noise, hash_noise):  # the CPU's and the GPU's
+        noise = noise_fn(seeds, torch.tensor([0, 7]), 50_000)
+        assert noise.min() > 0
+        assert noise.mean(-1).sub(1).abs().max() < 0.02 and noise.std(-1).sub(1).abs().max() < 0.03
+        assert not torch.equal(noise, noise_fn(seeds, torch.tensor([1, 7]), 50_000))  # a new draw, new noise
 
 
 def test_greedy_rows_in_a_sampled_batch_take_the_argmax_and_nan_rows_fail_alone():
