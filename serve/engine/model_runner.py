@@ -2,26 +2,44 @@
 
 Owns the KV cache: per layer one key and one value tensor of [num_blocks * block_size, G, C], indexed
 by slot = block * block_size + offset. Sequences computing one token with context before it form the
-padded decode group; everything else (prompt chunks) is a prefill slice.
+padded decode group; everything else (prompt chunks) is a prefill slice. One block past the block
+manager's (`pad_slot` onwards) takes the K/V of the padding rows of static decode steps.
+
+Two step paths: `run` (any batch: prefill chunks and decodes; shapes follow the batch; the caller samples)
+and `decode` (every sequence decodes its next token: serve/engine/static_decode.py, static shapes, CUDA
+graphs on a GPU, sampling on the device), taken where `static` is set up and the batch is eligible.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import ModuleType
 
 import torch
 
 from serve.engine.sequence import Sequence
+from serve.engine.static_decode import StaticDecoder
 from serve.model.layers import AttnMeta, SeqSlice
 from serve.model.qwen3_moe import Qwen3MoeModel
 
 
+@dataclass(frozen=True)
+class StaticConfig:
+    """Decode steps through StaticDecoder: batches up to max_num_seqs, contexts up to max_model_len,
+    CUDA graphs (on a GPU) or not."""
+
+    max_num_seqs: int
+    max_model_len: int
+    graphs: bool
+
+
 class ModelRunner:
     def __init__(self, model: Qwen3MoeModel, num_blocks: int, block_size: int, device: torch.device,
-                 kv_dtype: torch.dtype, cpu_kernels: ModuleType | None = None):
+                 kv_dtype: torch.dtype, cpu_kernels: ModuleType | None = None, static: StaticConfig | None = None):
         cfg = model.cfg
         self.model, self.block_size, self.device = model, block_size, device
-        slots = num_blocks * block_size
+        self.pad_slot = num_blocks * block_size
+        slots = (num_blocks + 1) * block_size
         self.kv = [(torch.zeros(slots, cfg.num_key_value_heads, cfg.head_dim, dtype=kv_dtype, device=device),
                     torch.zeros(slots, cfg.num_key_value_heads, cfg.head_dim, dtype=kv_dtype, device=device))
                    for _ in range(cfg.num_hidden_layers)]
@@ -34,6 +52,26 @@ class ModelRunner:
         moe = model.moe_layers()
         self.routes = (torch.full((slots, len(moe), cfg.num_experts_per_tok), -1, dtype=torch.int16, device=device)
                        if moe else None)
+        self.static = None
+        if static is not None:
+            self.static = StaticDecoder(model, self.kv, self.routes, block_size, static.max_num_seqs,
+                                        -(-static.max_model_len // block_size), self.pad_slot, device, static.graphs)
+
+    def set_model(self, model: Qwen3MoeModel) -> None:
+        self.model = model
+        if self.static is not None:
+            self.static.set_model(model)
+
+    def can_decode(self, batch: list[tuple[Sequence, int]]) -> bool:
+        return self.static is not None and StaticDecoder.eligible(batch, self.static.sizes[-1])
+
+    def decode(self, batch: list[tuple[Sequence, int]]) -> list[tuple[int, float, list[int], list[float], bool]]:
+        """A step where every sequence decodes its next token (`can_decode`), sampled on the device: per
+        sequence (id, logprob, top ids, top logprobs, bad row)."""
+        seqs = [seq for seq, _ in batch]
+        bs = self.block_size
+        slots = [seq.block_table[(len(seq) - 1) // bs] * bs + (len(seq) - 1) % bs for seq in seqs]
+        return self.static.step(seqs, slots)
 
     @staticmethod
     def kv_bytes_per_token(model: Qwen3MoeModel, kv_dtype: torch.dtype) -> int:

@@ -16,8 +16,10 @@ with the requests: sequences accepted before one finish on the old weights (or a
 after it are held until the new weights are in. The swap happens only with no sequence left, so one
 sequence never sees two sets of weights, and each is stamped with the policy version it runs on.
 
-Limits: no CUDA graphs yet (decode on a GPU pays kernel-launch overhead per step); attention is torch
-SDPA over gathered pages, not a fused paged-attention kernel.
+Decode steps on a GPU (every scheduled sequence computing its next token) take the static step of
+serve/engine/static_decode.py: persistent buffers, one forward and sampling on the device, replayed from
+CUDA graphs, one transfer each way. Steps with prefill chunks take ModelRunner.run (torch SDPA over
+gathered pages for the decodes among them) and sample on the host side.
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ import torch
 from kernels import cpu_ext
 from serve.engine.base import DONE, Engine, EngineStats, EngineStopped, GenToken, SamplingParams, drain
 from serve.engine.block_manager import BlockManager
-from serve.engine.model_runner import ModelRunner
-from serve.engine.sampling import make_generator, sample_batch
+from serve.engine.model_runner import ModelRunner, StaticConfig
+from serve.engine.sampling import make_generator, picks_of, sample_batch
 from serve.engine.scheduler import Scheduler
 from serve.engine.sequence import Sequence
 from serve.engine.weights import (
@@ -79,10 +81,23 @@ class EngineConfig:
     """On a CPU, decode attention (reading the KV pages in place) and the routed experts run our C++
     kernels (kernels/cpu_ext.py) once they are built for this machine (a first start builds them in the
     background and runs the torch paths); off: the torch paths."""
+    static_decode: bool | None = None
+    """Decode steps (every scheduled sequence computes its next token) through the static-shape step
+    (serve/engine/static_decode.py: persistent buffers, sampling on the device, CUDA graphs on a GPU).
+    None: on a GPU only (a CPU decodes faster through its C++ kernels; True runs the same static path
+    there, without capture)."""
+    enforce_eager: bool = False
+    """On a GPU, run the static decode step directly instead of replaying CUDA graphs (vLLM's
+    --enforce-eager)."""
+    load_format: str = "auto"
+    """auto: the checkpoint's weights; dummy: random weights made on the device from the checkpoint's
+    config.json alone (vLLM's --load-format dummy), for measuring speed at a full model's shape."""
 
     def __post_init__(self) -> None:
         if self.quant not in ("auto", "none", "mxfp8"):
             raise ValueError(f"quant must be auto, none or mxfp8, not {self.quant!r}")
+        if self.load_format not in ("auto", "dummy"):
+            raise ValueError(f"load_format must be auto or dummy, not {self.load_format!r}")
         if self.block_size < 1 or self.max_num_seqs < 1 or self.max_batched_tokens < self.block_size:
             raise ValueError("block_size, max_num_seqs and max_batched_tokens must be positive "
                              "(and max_batched_tokens >= block_size)")
@@ -116,7 +131,12 @@ class NativeEngine(Engine):
     def _setup(self, model_dir: str) -> None:
         """On the engine thread: load and pack the model, size the KV cache, build scheduler and runner."""
         c = self.config
-        self.model = load_model(model_dir, device=self.device, dtype=self.dtype, quant=self.quant)
+        if c.load_format == "dummy":
+            from serve.model.dummy import random_model
+
+            self.model = random_model(model_dir, device=self.device, dtype=self.dtype, quant=self.quant)
+        else:
+            self.model = load_model(model_dir, device=self.device, dtype=self.dtype, quant=self.quant)
         # float64 (served so that greedy output is the same on every CPU) runs torch's paths: the C++
         # kernels accumulate in float32
         self.kernels_wanted = self.device.type == "cpu" and c.cpu_kernels and self.dtype != torch.float64
@@ -135,14 +155,25 @@ class NativeEngine(Engine):
         num_blocks = max(tokens // c.block_size, -(-self.max_model_len // c.block_size) + 1)
         self.blocks = BlockManager(num_blocks, c.block_size, c.prefix_caching)
         self.scheduler = Scheduler(self.blocks, c.max_num_seqs, c.max_batched_tokens)
-        self.runner = ModelRunner(self.model, num_blocks, c.block_size, self.device, self.dtype, self.cpu_kernels)
+        static = c.static_decode if c.static_decode is not None else self.device.type == "cuda"
+        self.runner = ModelRunner(self.model, num_blocks, c.block_size, self.device, self.dtype, self.cpu_kernels,
+                                  StaticConfig(c.max_num_seqs, self.max_model_len, graphs=not c.enforce_eager)
+                                  if static else None)
         self.kv_cache_bytes = num_blocks * c.block_size * per_token
 
     def _default_kv_tokens(self, per_token: int) -> int:
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
-            return int(free * 0.9) // per_token
+            return max(0, int(free * 0.9) - self._step_reserve()) // per_token
         return min(8 * self.max_model_len, _available_memory() // 4 // per_token)
+
+    def _step_reserve(self) -> int:
+        """GPU bytes kept out of the KV cache for a step's activations and the CUDA graphs' memory pool:
+        what the largest decode step holds at once is dominated by its [B, V] sampling tensors (float32
+        logits, scaled, sorted, probabilities, noise, logprobs; int64 hash and sort order: ~48 bytes per
+        element), plus a prefill chunk's activations and the MoE buffers, bounded here by 1 GiB."""
+        rows = max(self.config.max_num_seqs, 1)
+        return rows * self.model.cfg.vocab_size * 48 + 2**30
 
     def weight_bytes(self) -> int:
         dense, experts = self.model.weight_bytes()
@@ -159,6 +190,7 @@ class NativeEngine(Engine):
                 f"{self.kv_cache_bytes / 2**20:.1f} MiB ({len(self.blocks.blocks) * self.config.block_size} tokens)"
                 + (f"; {self.packing}" if self.packing else "")
                 + ("; decode attention: paged CPU kernel" if self.runner.cpu_kernels is not None else "")
+                + (f"; {self.runner.static.describe()}" if self.runner.static is not None else "")
                 + ("; decode steps: every layer in one C++ call"
                    if self.model.decode_plan(self.runner.cpu_kernels) is not None else "")
                 + ("; CPU kernels not built yet (torch paths; `python -m kernels.cpu_ext` builds them)"
@@ -326,7 +358,7 @@ class NativeEngine(Engine):
                 model.pack_for_cpu(cpu_kernels=self.cpu_kernels)
             self.blocks.reset_prefix_cache()  # before the swap: if it refused, nothing would have changed
             old, self.model = self.model, model
-            self.runner.model = model
+            self.runner.set_model(model)
             self.policy_version = cmd.version
             del old
             if self.device.type == "cuda":
@@ -344,7 +376,11 @@ class NativeEngine(Engine):
 
     def _step(self, batch: list[tuple[Sequence, int]]) -> None:
         try:
-            sampled, logits = self.runner.run(batch)
+            if self.runner.can_decode(batch):
+                sampled, picks = [seq for seq, _ in batch], self._decode(batch)
+            else:
+                sampled, logits = self.runner.run(batch)
+                picks = None
         except Exception as e:  # noqa: BLE001 - find the culprit: nothing was committed, so a rerun is safe
             if len(batch) == 1:
                 log.warning("a sequence failed in the forward pass: %s: %s", type(e).__name__, e)
@@ -358,8 +394,9 @@ class NativeEngine(Engine):
             self.blocks.register(seq)
         if not sampled:
             return
-        picks = sample_batch(logits, [s.params for s in sampled], [s.generator for s in sampled],
-                             [s.matcher for s in sampled])  # grammars: masks per sequence
+        if picks is None:
+            picks = sample_batch(logits, [s.params for s in sampled], [s.generator for s in sampled],
+                                 [s.matcher for s in sampled])  # grammars: masks per sequence
         out: list[tuple[Sequence, object]] = []
         for seq, pick in zip(sampled, picks, strict=True):
             if isinstance(pick, Exception):
@@ -378,6 +415,13 @@ class NativeEngine(Engine):
                 self._finish(seq)
                 out.append((seq, DONE))
         self._emit_many(out)
+
+    def _decode(self, batch: list[tuple[Sequence, int]]) -> list:
+        """The static decode step (forward and sampling on the device), as sample_batch's picks."""
+        rows = self.runner.decode(batch)
+        seqs = [seq for seq, _ in batch]
+        return picks_of(*(list(col) for col in zip(*rows, strict=True)), [s.params for s in seqs],
+                        [s.generator for s in seqs])
 
     def _finish(self, seq: Sequence) -> None:
         self.scheduler.finish(seq)

@@ -1,0 +1,152 @@
+"""What one decode step dispatches along the GPU code path, counted on any machine.
+
+    TRITON_INTERPRET=1 python bench/decode_ops.py [--batch 2] [--json]
+
+Builds a small Qwen3-MoE with random weights (MXFP8 experts; no C++ CPU kernels, no oneDNN packing: the
+code a GPU runs), prefills a few sequences, then runs decode steps of both paths under
+serve/engine/op_count.py's OpCounter:
+- static: the GPU decode step (serve/engine/static_decode.py: forward and sampling on the device);
+- eager: ModelRunner.run + sample_batch (steps that mix prefill and decode, and every CPU step).
+For each: kernels per layer (aten ops that do work + Triton launches; views left out), those outside
+the layers (embedding, rotary, final norm, LM head, sampling), host-synchronising or data-dependent
+ops, and whether the op sequence (with shapes) is the same at every context length: static shapes,
+what a CUDA graph needs. Per layer = (step with L layers - step with 1 layer) / (L - 1).
+
+Without TRITON_INTERPRET=1 on a CPU the kernels' torch references run instead, and the counts are
+those of the references, not of the GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from serve.engine.base import SamplingParams  # noqa: E402
+from serve.engine.block_manager import BlockManager  # noqa: E402
+from serve.engine.model_runner import ModelRunner, StaticConfig  # noqa: E402
+from serve.engine.op_count import OpCounter  # noqa: E402
+from serve.engine.sampling import make_generator, picks_of, sample_batch  # noqa: E402
+from serve.engine.sequence import Sequence  # noqa: E402
+from serve.model.dummy import random_model  # noqa: E402
+
+SMALL = dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=512, hidden_size=64,
+             intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=3, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
+             decoder_sparse_step=1, mlp_only_layers=[], rms_norm_eps=1e-6, max_position_embeddings=4096,
+             rope_theta=1e6, tie_word_embeddings=False, attention_bias=False)
+BLOCK = 4
+
+
+def build(config: dict, quant: str, batch: int, device: str):
+    folder = Path(tempfile.mkdtemp())
+    (folder / "config.json").write_text(json.dumps(config))
+    model = random_model(folder, device=device, dtype=torch.float32, quant=quant)
+    blocks = BlockManager(64, BLOCK, prefix_caching=False)
+    runner = ModelRunner(model, 64, BLOCK, torch.device(device), torch.float32, None,
+                         StaticConfig(max_num_seqs=max(batch, 2), max_model_len=128, graphs=False))
+    return model, blocks, runner
+
+
+def prefill(blocks: BlockManager, runner: ModelRunner, batch: int, vocab: int) -> list[Sequence]:
+    params = SamplingParams(max_tokens=64, temperature=0.8, top_p=0.9, top_k=20, seed=1, logprobs=True,
+                            top_logprobs=3)
+    seqs = []
+    for i in range(batch):
+        seq = Sequence([(7 * i + j) % (vocab - 1) + 1 for j in range(5 + 3 * i)], params)
+        seq.generator = make_generator(params)
+        assert blocks.allocate(seq)
+        runner.run([(seq, len(seq))])
+        seq.num_computed = len(seq)
+        seq.token_ids.append(1)
+        seqs.append(seq)
+    return seqs
+
+
+def step(path: str, blocks: BlockManager, runner: ModelRunner, seqs: list[Sequence], strict: bool) -> OpCounter:
+    """One decode step of every sequence, counted; then the sequences move on by the token drawn."""
+    for seq in seqs:
+        assert blocks.ensure(seq, len(seq))
+    batch = [(seq, 1) for seq in seqs]
+    counter = OpCounter(strict=strict)
+    if path == "static":
+        with counter:
+            rows = runner.static._compute(*runner.static.prepare(seqs, [_slot(runner, s) for s in seqs]))
+        picks = runner.static.finish(rows, len(seqs))
+        picks = picks_of(*(list(c) for c in zip(*picks, strict=True)), [s.params for s in seqs],
+                         [s.generator for s in seqs])
+    else:
+        with counter:
+            _, logits = runner.run(batch)
+            picks = sample_batch(logits, [s.params for s in seqs], [s.generator for s in seqs])
+    for seq, pick in zip(seqs, picks, strict=True):
+        seq.num_computed += 1
+        seq.token_ids.append(pick[0])
+    return counter
+
+
+def _slot(runner: ModelRunner, seq: Sequence) -> int:
+    pos = len(seq) - 1
+    return seq.block_table[pos // runner.block_size] * runner.block_size + pos % runner.block_size
+
+
+def measure(path: str, config: dict, quant: str, batch: int, steps: int, device: str) -> dict:
+    """Counts of one decode step (the last of `steps`), per layer and outside, and shape staticness."""
+    layers = config["num_hidden_layers"]
+    totals, counters, signatures = {}, {}, []
+    for n_layers in (layers, 1):
+        model, blocks, runner = build(dict(config, num_hidden_layers=n_layers), quant, batch, device)
+        seqs = prefill(blocks, runner, batch, config["vocab_size"])
+        for _ in range(steps):
+            c = step(path, blocks, runner, seqs, strict=False)
+            if n_layers == layers:
+                signatures.append(c.signature)
+        totals[n_layers], counters[n_layers] = c.total, c
+    full, one = counters[layers], counters[1]
+    per_layer = (totals[layers] - totals[1]) / (layers - 1)
+    launches = (sum(full.launches.values()) - sum(one.launches.values())) / (layers - 1)
+    layer_ops = {k: (full.ops[k] - one.ops[k]) / (layers - 1) for k in full.ops if full.ops[k] != one.ops[k]}
+    layer_ops.update({f"launch:{k}": (full.launches[k] - one.launches[k]) / (layers - 1) for k in full.launches
+                      if full.launches[k] != one.launches[k]})
+    return {"path": path, "batch": batch, "kernels_per_layer": per_layer, "launches_per_layer": launches,
+            "outside_layers": totals[1] - per_layer, "step_total": totals[layers], "syncs": dict(full.syncs),
+            "static_shapes": all(s == signatures[0] for s in signatures), "layer_ops": layer_ops}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=5, help="decode steps (contexts grow across a block edge)")
+    ap.add_argument("--quant", default="mxfp8", choices=["mxfp8", "none"])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    args = ap.parse_args(argv)
+    results = [measure(p, SMALL, args.quant, args.batch, args.steps, args.device) for p in ("static", "eager")]
+    if args.json:
+        print(json.dumps(results))
+        return 0
+    print(f"decode step, batch {args.batch}, {SMALL['num_hidden_layers']} layers, experts {args.quant}, "
+          f"{args.device}{' (Triton interpreter)' if _interpreting() else ''}")
+    print(f"{'path':8} {'kernels/layer':>13} {'launches/layer':>14} {'outside':>8} {'syncs':>6}  static shapes")
+    for r in results:
+        print(f"{r['path']:8} {r['kernels_per_layer']:13.1f} {r['launches_per_layer']:14.1f} "
+              f"{r['outside_layers']:8.1f} {sum(r['syncs'].values()):6d}  {r['static_shapes']}")
+    for r in results:
+        print(f"\n{r['path']}: per layer " + ", ".join(f"{k} {v:g}" for k, v in sorted(r["layer_ops"].items())))
+    return 0
+
+
+def _interpreting() -> bool:
+    from kernels.backend import interpreting
+
+    return interpreting()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
