@@ -4,9 +4,9 @@ paged cache, the KV length split over several programs per sequence, the splits 
 Approach:
 1. `_split_kernel`, grid (B, G, num_splits): a program takes one sequence, one kv head and all H // G
    query heads that share it (padded to BLOCK_H >= 16 rows for tl.dot), so each K/V byte is read once
-   per kv head, not once per query head. Its split is a run of whole pages, tokens
-   [s * pages_per_split * block_size, ...) clipped to the sequence's length, walked BLOCK_N tokens at a
-   time: each token's block id comes from the block table (a gather: a tile may span pages, and
+   per kv head, not once per query head. Its split is the s-th of num_splits equal runs of the
+   sequence's own length (rounded to BLOCK_N, computed on the device: a 300-token context in a table
+   sized for 40k tokens still uses every split), walked BLOCK_N tokens at a time: each token's block id comes from the block table (a gather: a tile may span pages, and
    block_size need not be a power of two), then its K/V rows at block * block_size + offset. Online
    softmax in float32 (exp2, scores pre-multiplied by scale * log2(e)). It writes the unnormalised
    partial o and its (m, l) in float32; a split that starts past the length writes (0, -inf, 0).
@@ -42,7 +42,7 @@ TOKENS_PER_SPLIT = 512  # aim: enough work per program to hide its fixed cost, e
 
 @triton.jit
 def _split_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr, o_part_ptr, m_part_ptr, l_part_ptr,
-                  N, C, pages_per_split, qk_scale,
+                  N, C, num_splits, qk_scale,
                   stride_qb, stride_qh, stride_qc,
                   stride_ks, stride_kg, stride_kc,
                   stride_vs, stride_vg, stride_vc,
@@ -58,8 +58,11 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, out_ptr, o_part_ptr
     # Lengths past the table are clamped (every page attended); negative ones count as empty.
     seq_len = tl.load(lens_ptr + b.to(tl.int64) * stride_lb).to(tl.int32)
     seq_len = tl.maximum(tl.minimum(seq_len, N * BLOCK_SIZE), 0)
-    start = s * pages_per_split * BLOCK_SIZE
-    end = tl.minimum(start + pages_per_split * BLOCK_SIZE, seq_len)
+    # The splits share this sequence's own length (read here, not fixed by the table's width), so a short
+    # context still spreads over every split's program instead of leaving one program all the work.
+    per_split = tl.cdiv(tl.cdiv(seq_len, num_splits), BLOCK_N) * BLOCK_N
+    start = s * per_split
+    end = tl.minimum(start + per_split, seq_len)
 
     h_H = tl.arange(0, BLOCK_H)
     ok_H = h_H < QH
@@ -165,8 +168,7 @@ def paged_decode_attention_triton(q_BHC: torch.Tensor, k_cache: torch.Tensor, v_
         num_splits = choose_num_splits(N, block_size)
     if num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, not {num_splits}")
-    pages_per_split = -(-N // min(num_splits, N))
-    num_splits = -(-N // pages_per_split)  # drop splits that would start past every table's end
+    num_splits = min(num_splits, MAX_SPLITS * 4)
     interp = interpreting()
     f32_dot = interp or q_BHC.dtype == torch.float32
     # The interpreter's float32 -> bf16 store truncates; torch's cast rounds.
@@ -174,7 +176,7 @@ def paged_decode_attention_triton(q_BHC: torch.Tensor, k_cache: torch.Tensor, v_
     out_BHC = torch.empty((B, H, C), dtype=out_dtype, device=q_BHC.device)
     BLOCK_C = max(16, triton.next_power_of_2(C))
     BLOCK_H = max(16, triton.next_power_of_2(QH))
-    BLOCK_N = max(16, min(64, triton.next_power_of_2(pages_per_split * block_size)))
+    BLOCK_N = max(16, min(64, triton.next_power_of_2(-(-N * block_size // num_splits))))
     single = num_splits == 1
     if single:  # the kernel writes out_BHC itself; these stand in for the unused partial buffers
         o_part_BHSC = m_part_BHS = l_part_BHS = out_BHC.new_empty((1, 1, 1, 1), dtype=torch.float32)
@@ -188,7 +190,7 @@ def paged_decode_attention_triton(q_BHC: torch.Tensor, k_cache: torch.Tensor, v_
     with launch("paged_attention_split"):
         _split_kernel[(B, G, num_splits)](
             q_BHC, k_cache, v_cache, block_tables_BN, context_lens_B, out_BHC, o_part_BHSC, m_part_BHS,
-            l_part_BHS, N, C, pages_per_split, scale * math.log2(math.e),
+            l_part_BHS, N, C, num_splits, scale * math.log2(math.e),
             *q_BHC.stride(), *k_cache.stride(), *v_cache.stride(), *block_tables_BN.stride(),
             context_lens_B.stride(0), *out_BHC.stride(), *p_strides, *m_strides,
             QH=QH, BLOCK_SIZE=block_size, BLOCK_H=BLOCK_H, BLOCK_N=BLOCK_N, BLOCK_C=BLOCK_C,
