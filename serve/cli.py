@@ -62,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--kv-cache-tokens", type=int, help="KV-cache capacity (default: 90%% of free GPU memory, "
                    "or on CPU 8 x max-model-len within a quarter of available memory)")
     n.add_argument("--no-prefix-caching", action="store_true", help="do not reuse cached prompt prefixes")
+    n.add_argument("--enforce-eager", action="store_true",
+                   help="run decode steps eagerly instead of replaying CUDA graphs (GPU)")
+    n.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
+                   help="auto: the checkpoint's weights (default); dummy: random weights made on the device from "
+                        "config.json alone, for measuring speed at a model's shape (the folder still needs its "
+                        "tokenizer and chat template)")
     return p
 
 
@@ -94,6 +100,8 @@ def _main(argv: list[str] | None = None) -> int:
         parser.error("--log-interval must be >= 0")
     if args.stream_interval < 1:
         parser.error("--stream-interval must be >= 1")
+    if args.load_format == "dummy" and args.engine != "native":  # the others would load the real weights
+        parser.error("--load-format dummy needs --engine native")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     model_dir = Path(args.model)
     if not (model_dir / "config.json").is_file():
@@ -188,7 +196,8 @@ def _local_engine(args, model_dir: Path):
 
     config = EngineConfig(dtype=args.dtype, quant=args.quant, max_model_len=args.max_model_len,
                           max_num_seqs=args.max_num_seqs, max_batched_tokens=args.max_batched_tokens,
-                          kv_cache_tokens=args.kv_cache_tokens, prefix_caching=not args.no_prefix_caching)
+                          kv_cache_tokens=args.kv_cache_tokens, prefix_caching=not args.no_prefix_caching,
+                          enforce_eager=args.enforce_eager, load_format=args.load_format)
     engine = NativeEngine(str(model_dir), config)
     return engine, engine.describe()
 
