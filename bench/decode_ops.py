@@ -44,12 +44,12 @@ SMALL = dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", voca
 BLOCK = 4
 
 
-def build(config: dict, quant: str, batch: int, device: str):
+def build(config: dict, quant: str, batch: int, device: str, dtype: torch.dtype = torch.float32):
     folder = Path(tempfile.mkdtemp())
     (folder / "config.json").write_text(json.dumps(config))
-    model = random_model(folder, device=device, dtype=torch.float32, quant=quant)
+    model = random_model(folder, device=device, dtype=dtype, quant=quant)
     blocks = BlockManager(64, BLOCK, prefix_caching=False)
-    runner = ModelRunner(model, 64, BLOCK, torch.device(device), torch.float32, None,
+    runner = ModelRunner(model, 64, BLOCK, torch.device(device), dtype, None,
                          StaticConfig(max_num_seqs=max(batch, 2), max_model_len=128, graphs=False))
     return model, blocks, runner
 
@@ -96,12 +96,13 @@ def _slot(runner: ModelRunner, seq: Sequence) -> int:
     return seq.block_table[pos // runner.block_size] * runner.block_size + pos % runner.block_size
 
 
-def measure(path: str, config: dict, quant: str, batch: int, steps: int, device: str) -> dict:
+def measure(path: str, config: dict, quant: str, batch: int, steps: int, device: str,
+            dtype: torch.dtype = torch.float32) -> dict:
     """Counts of one decode step (the last of `steps`), per layer and outside, and shape staticness."""
     layers = config["num_hidden_layers"]
     totals, counters, signatures = {}, {}, []
     for n_layers in (layers, 1):
-        model, blocks, runner = build(dict(config, num_hidden_layers=n_layers), quant, batch, device)
+        model, blocks, runner = build(dict(config, num_hidden_layers=n_layers), quant, batch, device, dtype)
         seqs = prefill(blocks, runner, batch, config["vocab_size"])
         for _ in range(steps):
             c = step(path, blocks, runner, seqs, strict=False)
@@ -125,13 +126,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=5, help="decode steps (contexts grow across a block edge)")
     ap.add_argument("--quant", default="mxfp8", choices=["mxfp8", "none"])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="the model's dtype (bfloat16 adds the casts a bf16 model does)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = ap.parse_args(argv)
-    results = [measure(p, SMALL, args.quant, args.batch, args.steps, args.device) for p in ("static", "eager")]
+    dtype = getattr(torch, args.dtype)
+    results = [measure(p, SMALL, args.quant, args.batch, args.steps, args.device, dtype) for p in ("static", "eager")]
     if args.json:
         print(json.dumps(results))
         return 0
-    print(f"decode step, batch {args.batch}, {SMALL['num_hidden_layers']} layers, experts {args.quant}, "
+    print(f"decode step, batch {args.batch}, {SMALL['num_hidden_layers']} layers, {args.dtype}, experts {args.quant}, "
           f"{args.device}{' (Triton interpreter)' if _interpreting() else ''}")
     print(f"{'path':8} {'kernels/layer':>13} {'launches/layer':>14} {'outside':>8} {'syncs':>6}  static shapes")
     for r in results:
