@@ -4,7 +4,7 @@
 
 Builds a small Qwen3-MoE with random weights (MXFP8 experts; no C++ CPU kernels, no oneDNN packing: the
 code a GPU runs), prefills a few sequences, then runs decode steps of both paths under
-serve/engine/op_count.py's OpCounter:
+kernels/op_count.py's OpCounter:
 - static: the GPU decode step (serve/engine/static_decode.py: forward and sampling on the device);
 - eager: ModelRunner.run + sample_batch (steps that mix prefill and decode, and every CPU step).
 For each: kernels per layer (aten ops that do work + Triton launches; views left out), those outside
@@ -28,10 +28,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kernels.op_count import OpCounter  # noqa: E402
 from serve.engine.base import SamplingParams  # noqa: E402
 from serve.engine.block_manager import BlockManager  # noqa: E402
 from serve.engine.model_runner import ModelRunner, StaticConfig  # noqa: E402
-from serve.engine.op_count import OpCounter  # noqa: E402
 from serve.engine.sampling import make_generator, picks_of, sample_batch  # noqa: E402
 from serve.engine.sequence import Sequence  # noqa: E402
 from serve.model.dummy import random_model  # noqa: E402

@@ -2,7 +2,7 @@
 
 Every Triton launch of ours runs inside `launch(name)`. On a GPU that costs one context manager per
 launch (and nothing at all inside a CUDA graph replay, which runs no Python). Its use is the op counter
-(serve/engine/op_count.py): a TorchDispatchMode sees every aten op a decode step dispatches, but under
+(kernels/op_count.py): a TorchDispatchMode sees every aten op a decode step dispatches, but under
 the Triton interpreter a kernel launch also dispatches the interpreter's own copies of its arguments;
 `inside_launch()` tells the counter to leave those out, and the hooks count the launch itself once.
 """

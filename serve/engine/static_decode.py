@@ -162,7 +162,7 @@ class StaticDecoder:
             p, stream = seq.params, seq.generator
             assert isinstance(stream, SeedStream)
             lo, hi = stream.halves
-            fields[:, row] = (seq.token_ids[-1], len(seq) - 1, slot, len(seq), p.top_k, _i32(lo), _i32(hi),
+            fields[:, row] = (seq.token_ids[-1], len(seq) - 1, slot, len(seq), min(p.top_k, 2**31 - 1), _i32(lo), _i32(hi),
                               _i32(stream.draws & 0xFFFFFFFF), _f32_bits(p.temperature), _f32_bits(p.top_p))
             tables[row, : len(seq.block_table)] = seq.block_table
         fields[:, len(seqs) : size] = np.array(self._pad_row, dtype=np.int32)[:, None]
@@ -186,7 +186,12 @@ class StaticDecoder:
     def _replay(self, size: int, mode: Mode) -> torch.Tensor:
         key = (size, mode)
         if key not in self.graphs:
-            self._capture(size, mode)
+            try:
+                self._capture(size, mode)
+            except Exception:  # noqa: BLE001 - serve on without graphs rather than fail the requests
+                log.exception("capturing a decode graph failed: decode steps run without CUDA graphs from now on")
+                self.capturable = False
+                return self._compute(size, mode)
         graph, out = self.graphs[key]
         graph.replay()
         self.replays += 1

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from serve.engine.base import SamplingParams
-from serve.engine.op_count import OpCounter
+from kernels.op_count import OpCounter
 from serve.engine.sampling import (
     RowParams,
     exponential_noise,
