@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from serve.engine.base import SamplingParams
 from kernels.op_count import OpCounter
+from serve.engine.base import SamplingParams
 from serve.engine.sampling import (
     RowParams,
     exponential_noise,
