@@ -125,10 +125,12 @@ def needs_filter(params: list[SamplingParams]) -> bool:
 
 
 def sample_rows(logits_BV: torch.Tensor, allowed_BV: torch.Tensor, rows: RowParams, *, sampled: bool,
-                filtered: bool, top_n: int) -> tuple[torch.Tensor, ...]:
+                filtered: bool, top_n: int, logprobs: bool = True) -> tuple[torch.Tensor, ...]:
     """Pick one token per row. `logits_BV` float32 raw logits (for logprobs), `allowed_BV` the same or a
     grammar-masked copy; `sampled`: some row has temperature (else all argmax), `filtered`: some row uses
-    top-k/top-p, `top_n`: how many most likely tokens to return (0: none). Static shapes, no host sync.
+    top-k/top-p, `top_n`: how many most likely tokens to return (0: none), `logprobs`: compute the pick's
+    logprob (else zeros; the static step always does, a host batch only when a row asks). Static shapes,
+    no host sync.
     Returns (ids [B] int64, logprob of the pick [B], top ids [B, top_n], top logprobs [B, top_n],
     bad [B] bool: the row's logits hold a NaN or allow nothing, so its pick means nothing)."""
     B, V = allowed_BV.shape
@@ -151,6 +153,8 @@ def sample_rows(logits_BV: torch.Tensor, allowed_BV: torch.Tensor, rows: RowPara
         drawn_B = torch.argmax(probs_BV / exponential_noise(rows.seeds_B2, rows.draws_B, V), dim=-1)
         ids_B = torch.where(greedy_B, ids_B, drawn_B)
     bad_B = torch.isnan(logits_BV).any(-1) | torch.isneginf(allowed_BV).all(-1)
+    if not (logprobs or top_n):
+        return ids_B, logits_BV.new_zeros(B), ids_B.new_empty(B, 0), logits_BV.new_empty(B, 0), bad_B
     logprobs_BV = torch.log_softmax(logits_BV, dim=-1)
     logprob_B = logprobs_BV.gather(1, ids_B[:, None])[:, 0]
     if top_n:
@@ -210,7 +214,8 @@ def sample_batch(logits_BV: torch.Tensor, params: list[SamplingParams], generato
     top_n = max((p.top_logprobs for p in params if p.logprobs), default=0)
     rows = RowParams.of(params, generators, logits_BV.device) if sampled else None
     ids, lp, top_ids, top_lp, bad = sample_rows(logits_BV, allowed_BV, rows, sampled=sampled,
-                                                filtered=needs_filter(params), top_n=top_n)
+                                                filtered=needs_filter(params), top_n=top_n,
+                                                logprobs=any(p.logprobs for p in params))
     return picks_of(ids.tolist(), lp.tolist(), top_ids.tolist(), top_lp.tolist(), bad.tolist(), params,
                     generators, matchers)
 
