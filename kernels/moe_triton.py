@@ -19,7 +19,9 @@ Matrix multiply, per GPU generation (`mma`):
   reduction dim) and both operands go to `tl.dot_scaled(..., "e4m3", ..., "e4m3")`, the native
   block-scaled MMA. Numerically that is the reference with `act_mxfp8=True`.
 
-Decode (few tokens) is bandwidth-bound, so the tile choice aims to read each active expert's bytes once:
+Up to DECODE_MAX_TOKENS tokens with the "dequant" multiply, kernels/moe_decode_triton.py's GEMV-shaped
+kernels run instead (no alignment; each active expert's programs serve all of its tokens). Above that,
+the tile choice aims to read each active expert's bytes once:
 BLOCK_M is the next power of two >= T (min 16, for tl.dot), and since a token picks an expert at most once,
 no expert then spans two blocks; small BLOCK_N gives the grid enough programs to fill the GPU.
 
@@ -39,6 +41,7 @@ import triton.language as tl
 from kernels.backend import interpreting
 from kernels.launches import launch
 from kernels.moe_align import moe_align_block_size
+from kernels.moe_decode_triton import DECODE_MAX_TOKENS, fused_moe_mxfp8_decode
 from kernels.mxfp8 import MXFP8Tensor
 from kernels.mxfp8_triton import block_amax, e8m0_to_float32, scale_exponent, scale_multiplier, to_e4m3_bits
 
@@ -203,6 +206,8 @@ def fused_moe_mxfp8(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_
     mma = default_mma(x_TD.device) if mma == "auto" else mma
     if mma not in ("dequant", "dot_scaled"):
         raise ValueError(f"mma must be 'auto', 'dequant' or 'dot_scaled', not {mma!r}")
+    if T <= DECODE_MAX_TOKENS and mma == "dequant" and tiles is None:  # few tokens: GEMV-shaped, no sort
+        return fused_moe_mxfp8_decode(x_TD, topk_ids_TK, topk_weights_TK, w13, w2)
     tiles = tiles or choose_tiles(T)
     x_TD = x_TD.contiguous()
     w13_data, w13_scales = w13.data.contiguous(), w13.scales.contiguous().view(torch.uint8)

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Kernels a decode step dispatches per layer along the GPU code path (bench/decode_ops.py, counted on a CPU
 # under the Triton interpreter: aten ops that do work plus Triton launches). It was ~110 before the static
 # step (75 at float32 in that count, which has no dtype casts); raise it only on purpose.
-KERNELS_PER_LAYER_BUDGET = 14
+KERNELS_PER_LAYER_BUDGET = 12
 
 
 def run_all(engine: NativeEngine, prompts: list[list[int]], params: SamplingParams) -> list[list]:
@@ -123,7 +123,7 @@ def test_the_static_step_never_waits_on_the_host_and_has_static_shapes(decode_op
 @pytest.mark.slow
 def test_kernels_per_layer_stay_within_budget(decode_ops):
     static = decode_ops["static"]
-    assert static["launches_per_layer"] >= 5  # norms, q/k-norm-rope-cache, attention, router, experts: Triton
+    assert static["launches_per_layer"] >= 6  # norms, q/k-norm-rope-cache, attention, router, experts: Triton
     assert static["kernels_per_layer"] <= KERNELS_PER_LAYER_BUDGET, static["layer_ops"]
     assert static["kernels_per_layer"] < decode_ops["eager"]["kernels_per_layer"] / 2
 

@@ -1,0 +1,182 @@
+"""The MoE layer for a few tokens (decode), MXFP8 experts, in Triton: GEMV-shaped kernels, no sort.
+
+At decode sizes (T <= DECODE_MAX_TOKENS tokens, T*K pairs) the layer is bound by reading the active
+experts' weights, and the grouped kernels' alignment (sort the pairs by expert, pad each run to
+BLOCK_M) costs kernels of its own and a BLOCK_M-row tile per expert. Here instead:
+
+1. `_gate_up_kernel`, grid (T*K pair slots, I / BLOCK_N): slot j's program takes expert e = ids[j] and
+   works only if j is the first slot routed to e (later ones return at once), so each active expert is
+   read once, by I / BLOCK_N programs that each stream BLOCK_N gate rows and BLOCK_N up rows over D: fp8
+   codes in wide [BLOCK_N, BLOCK_K] loads, their E8M0 scales one byte per 32 codes, dequantised in
+   registers and multiplied against every token routed to e at once (a [BLOCK_T, BLOCK_K] tile of x,
+   masked to those tokens: BLOCK_T >= 16 for tl.dot). The epilogue writes silu(gate) * up for each
+   routed token into h at its pair's row (t * K + k).
+2. `_down_kernel`, grid (T*K, D / BLOCK_N): the same first-slot rule, streams w2's rows over I, multiplies
+   each routed token's h row, scales it by the pair's router weight, and writes the pair's row of a
+   [T*K, D] float32 buffer; a torch sum over K finishes (deterministic, as kernels/moe_triton.py's).
+
+Which tokens a program serves is found in registers from the [T, K] ids (a [BLOCK_T, BLOCK_KK] tile):
+no data-dependent grid, nothing read on the host, so the layer is capturable in a CUDA graph. The
+numerics are the grouped kernels': bf16 operands (float32 under the interpreter), float32
+accumulation, h rounded to x's dtype.
+
+Limits: the tile sizes are first guesses (no GPU was at hand to tune them; bench/kernels.py measures);
+a token picks an expert at most once (as the router's top-k guarantees); D and I multiples of 32; only
+the "dequant" matrix multiply (on sm_100 the grouped kernel's dot_scaled path still serves every size).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.backend import interpreting
+from kernels.launches import launch
+from kernels.mxfp8 import MXFP8Tensor
+from kernels.mxfp8_triton import e8m0_to_float32
+
+DECODE_MAX_TOKENS = 16  # above this the grouped kernels' tiles win (crossover near 16 in the literature)
+
+
+@triton.jit
+def _routed(ids_ptr, stride_it, T, j, TOP_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_KK: tl.constexpr):
+    """Slot j's expert, whether j is its first slot, and per token row: routed to it, and its pair id."""
+    t_T = tl.arange(0, BLOCK_T)
+    k_K = tl.arange(0, BLOCK_KK)
+    ok_TK = (t_T < T)[:, None] & (k_K < TOP_K)[None, :]
+    ids_TK = tl.load(ids_ptr + t_T[:, None] * stride_it + k_K[None, :], mask=ok_TK, other=-1)
+    expert = tl.load(ids_ptr + (j // TOP_K) * stride_it + j % TOP_K)
+    hit_TK = ok_TK & (ids_TK == expert)
+    slot_TK = t_T[:, None] * TOP_K + k_K[None, :]
+    first = tl.min(tl.where(hit_TK, slot_TK, BLOCK_T * TOP_K), axis=1)
+    is_first = tl.min(first, axis=0) == j
+    hit_T = tl.max(hit_TK.to(tl.int32), axis=1) > 0
+    pair_T = t_T * TOP_K + tl.sum(tl.where(hit_TK, k_K[None, :], 0), axis=1)
+    return expert.to(tl.int64), is_first, hit_T, pair_T.to(tl.int64)
+
+
+@triton.jit
+def _dequant_rows(w_ptr, s_ptr, n_N, ok_N, k0, K, stride_wn, stride_sn,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """W[n_N, k0:k0+BLOCK_K] in float32 from fp8 codes and one E8M0 scale per 32 of them."""
+    k_K = k0 + tl.arange(0, BLOCK_K)
+    ok_K = k_K < K
+    w_NK = tl.load(w_ptr + n_N[:, None] * stride_wn + k_K[None, :], mask=ok_N[:, None] & ok_K[None, :],
+                   other=0.0).to(tl.float32)
+    g_G = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+    s_NG = tl.load(s_ptr + n_N[:, None] * stride_sn + g_G[None, :], mask=ok_N[:, None] & (g_G < K // 32)[None, :],
+                   other=127)
+    w_NG32 = tl.reshape(w_NK, (BLOCK_N, BLOCK_K // 32, 32)) * e8m0_to_float32(s_NG)[:, :, None]
+    return tl.reshape(w_NG32, (BLOCK_N, BLOCK_K))
+
+
+@triton.jit
+def _dot(acc, a, w, F32_DOT: tl.constexpr):
+    if F32_DOT:
+        return tl.dot(a.to(tl.float32), tl.trans(w), acc, input_precision="ieee")
+    return tl.dot(a.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)), acc)
+
+
+@triton.jit
+def _gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, h_ptr, T, D, INTER,
+                    stride_xt, stride_it, stride_we, stride_wn, stride_se, stride_sn, stride_hp,
+                    TOP_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_KK: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, F32_DOT: tl.constexpr):
+    j = tl.program_id(0)
+    expert, is_first, hit_T, pair_T = _routed(ids_ptr, stride_it, T, j, TOP_K, BLOCK_T, BLOCK_KK)
+    if not is_first:
+        return  # another slot's programs read this expert
+    t_T = tl.arange(0, BLOCK_T).to(tl.int64)
+    n_N = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ok_N = n_N < INTER
+    w_e = w_ptr + expert * stride_we
+    s_e = s_ptr + expert * stride_se
+    acc_gate = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, D, BLOCK_K):
+        k_K = k0 + tl.arange(0, BLOCK_K)
+        x_TK = tl.load(x_ptr + t_T[:, None] * stride_xt + k_K[None, :], mask=hit_T[:, None] & (k_K < D)[None, :],
+                       other=0.0)
+        acc_gate = _dot(acc_gate, x_TK, _dequant_rows(w_e, s_e, n_N, ok_N, k0, D, stride_wn, stride_sn, BLOCK_N,
+                                                      BLOCK_K), F32_DOT)
+        acc_up = _dot(acc_up, x_TK, _dequant_rows(w_e, s_e, n_N + INTER, ok_N, k0, D, stride_wn, stride_sn, BLOCK_N,
+                                                  BLOCK_K), F32_DOT)
+    h_TN = acc_gate * tl.sigmoid(acc_gate) * acc_up  # SwiGLU
+    tl.store(h_ptr + pair_T[:, None] * stride_hp + n_N[None, :], h_TN.to(h_ptr.dtype.element_ty),
+             mask=hit_T[:, None] & ok_N[None, :])
+
+
+@triton.jit
+def _down_kernel(h_ptr, ids_ptr, weights_ptr, w_ptr, s_ptr, out_ptr, T, D, INTER,
+                 stride_hp, stride_it, stride_wt, stride_we, stride_wn, stride_se, stride_sn, stride_op,
+                 TOP_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_KK: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, F32_DOT: tl.constexpr):
+    j = tl.program_id(0)
+    expert, is_first, hit_T, pair_T = _routed(ids_ptr, stride_it, T, j, TOP_K, BLOCK_T, BLOCK_KK)
+    if not is_first:
+        return
+    n_N = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ok_N = n_N < D
+    w_e = w_ptr + expert * stride_we
+    s_e = s_ptr + expert * stride_se
+    acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, INTER, BLOCK_K):
+        k_K = k0 + tl.arange(0, BLOCK_K)
+        h_TK = tl.load(h_ptr + pair_T[:, None] * stride_hp + k_K[None, :],
+                       mask=hit_T[:, None] & (k_K < INTER)[None, :], other=0.0)
+        acc = _dot(acc, h_TK, _dequant_rows(w_e, s_e, n_N, ok_N, k0, INTER, stride_wn, stride_sn, BLOCK_N, BLOCK_K),
+                   F32_DOT)
+    # the pair's router weight: weights [T, K] at (t, k) = (pair // K, pair % K)
+    weight_T = tl.load(weights_ptr + (pair_T // TOP_K) * stride_wt + pair_T % TOP_K, mask=hit_T, other=0.0)
+    acc = acc * weight_T.to(tl.float32)[:, None]
+    tl.store(out_ptr + pair_T[:, None] * stride_op + n_N[None, :], acc, mask=hit_T[:, None] & ok_N[None, :])
+
+
+def decode_tiles(interpret: bool) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:
+    """(BLOCK_N, BLOCK_K, num_warps, num_stages) of gate_up and of down. On a GPU: narrow N tiles, so that
+    8 active experts x (I / 16) gate_up programs and x (D / 32) down programs fill the SMs, and long K
+    tiles (256 fp8 codes = 256 contiguous bytes per row) for wide loads. The interpreter pays per program:
+    the widest tiles the test shapes allow."""
+    if interpret:
+        return (32, 64, 4, 1), (32, 64, 4, 1)
+    return (16, 256, 4, 3), (32, 256, 4, 3)
+
+
+def fused_moe_mxfp8_decode(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor,
+                           w13: MXFP8Tensor, w2: MXFP8Tensor) -> torch.Tensor:
+    """kernels.moe.moe_forward's MXFP8 path for T <= DECODE_MAX_TOKENS tokens (arguments checked there)."""
+    T, D = x_TD.shape
+    K = topk_ids_TK.shape[1]
+    inter = w2.shape[2]
+    if T == 0:
+        return x_TD.new_zeros((0, D))
+    if T > DECODE_MAX_TOKENS:
+        raise ValueError(f"the decode MoE kernels take at most {DECODE_MAX_TOKENS} tokens, not {T}")
+    interp = interpreting()
+    x_TD = x_TD.contiguous()
+    ids_TK = topk_ids_TK if topk_ids_TK.stride(1) == 1 else topk_ids_TK.contiguous()
+    weights_TK = topk_weights_TK if topk_weights_TK.stride(1) == 1 else topk_weights_TK.contiguous()
+    w13_data, w13_scales = w13.data.contiguous(), w13.scales.contiguous().view(torch.uint8)
+    w2_data, w2_scales = w2.data.contiguous(), w2.scales.contiguous().view(torch.uint8)
+    # h in x's dtype, as a bf16 model rounds it (float32 under the interpreter, whose bf16 cast truncates)
+    h_PI = torch.empty((T * K, inter), dtype=torch.float32 if interp else x_TD.dtype, device=x_TD.device)
+    out_PD = torch.empty((T * K, D), dtype=torch.float32, device=x_TD.device)
+    block_t = max(16, triton.next_power_of_2(T))
+    block_kk = triton.next_power_of_2(K)
+    (gn, gk, gw, gs), (dn, dk, dw, ds) = decode_tiles(interp)
+    with launch("moe_decode_gate_up"):
+        _gate_up_kernel[(T * K, triton.cdiv(inter, gn))](
+            x_TD, ids_TK, w13_data, w13_scales, h_PI, T, D, inter,
+            x_TD.stride(0), ids_TK.stride(0), w13_data.stride(0), w13_data.stride(1), w13_scales.stride(0),
+            w13_scales.stride(1), h_PI.stride(0),
+            TOP_K=K, BLOCK_T=block_t, BLOCK_KK=block_kk, BLOCK_N=gn, BLOCK_K=min(gk, D), F32_DOT=interp,
+            num_warps=gw, num_stages=gs)
+    with launch("moe_decode_down"):
+        _down_kernel[(T * K, triton.cdiv(D, dn))](
+            h_PI, ids_TK, weights_TK, w2_data, w2_scales, out_PD, T, D, inter,
+            h_PI.stride(0), ids_TK.stride(0), weights_TK.stride(0), w2_data.stride(0), w2_data.stride(1),
+            w2_scales.stride(0), w2_scales.stride(1), out_PD.stride(0),
+            TOP_K=K, BLOCK_T=block_t, BLOCK_KK=block_kk, BLOCK_N=dn, BLOCK_K=min(dk, inter), F32_DOT=interp,
+            num_warps=dw, num_stages=ds)
+    return out_PD.view(T, K, D).sum(dim=1).to(x_TD.dtype)
