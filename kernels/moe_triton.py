@@ -25,13 +25,18 @@ the tile choice aims to read each active expert's bytes once:
 BLOCK_M is the next power of two >= T (min 16, for tl.dot), and since a token picks an expert at most once,
 no expert then spans two blocks; small BLOCK_N gives the grid enough programs to fill the GPU.
 
-Limits: D and I must be multiples of 32 (the scale blocks); the tile sizes are first guesses, not tuned
-on hardware (`bench/kernels.py` is where to tune); GPU code paths are not yet run on a GPU (see
+Tiles: on a GPU the grouped kernels' BLOCK_N, BLOCK_K, warps and stages are autotuned per token bucket
+(GATE_UP_CONFIGS, DOWN_CONFIGS; COMPOSER_MOE_AUTOTUNE=0 takes `choose_tiles`' fixed guesses); BLOCK_M
+follows the token count, since the alignment pads to it.
+
+Limits: D and I must be multiples of 32 (the scale blocks); the candidate tiles are guesses that no GPU
+has timed yet (`bench/kernels.py` is where to see them); GPU code paths are not yet run on a GPU (see
 bench/KERNELS-RESULTS.md); under the interpreter the intermediate h is float32, not x's dtype.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -61,7 +66,7 @@ def _quantize_rows_mx(a, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EXACT_CAS
 
 @triton.jit
 def _mx_dot(acc, a, w_ptr, s_ptr, n_N, ok_N, k0, K, stride_wn, stride_sn,
-            BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, DOT_SCALED: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_SCALED: tl.constexpr,
             F32_DOT: tl.constexpr, EXACT_CAST: tl.constexpr):
     """acc [M, N] += a [M, K-tile] @ W[n_N, k0:k0+BLOCK_K].T, W in MXFP8 (fp8 rows + E8M0 scales)."""
     k_K = k0 + tl.arange(0, BLOCK_K)
@@ -75,10 +80,12 @@ def _mx_dot(acc, a, w_ptr, s_ptr, n_N, ok_N, k0, K, stride_wn, stride_sn,
         a_q, a_s = _quantize_rows_mx(a.to(tl.float32), BLOCK_M, BLOCK_K, EXACT_CAST)
         acc = tl.dot_scaled(a_q, a_s, "e4m3", tl.trans(w_NK), s_NG, "e4m3", acc)
     else:
-        # One scale byte per element (the same byte 32 times, from L1): simpler than a reshape-broadcast.
-        s_NK = tl.load(s_ptr + n_N[:, None] * stride_sn + (k_K // 32)[None, :],
-                       mask=ok_N[:, None] & ok_K[None, :], other=127)
-        w = w_NK.to(tl.float32) * e8m0_to_float32(s_NK)
+        # one scale byte per 32 codes, broadcast in registers (not one gathered byte per element)
+        g_G = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+        s_NG = tl.load(s_ptr + n_N[:, None] * stride_sn + g_G[None, :],
+                       mask=ok_N[:, None] & (g_G < K // 32)[None, :], other=127)
+        w = tl.reshape(tl.reshape(w_NK.to(tl.float32), (BLOCK_N, BLOCK_K // 32, 32))
+                       * e8m0_to_float32(s_NG)[:, :, None], (BLOCK_N, BLOCK_K))
         if F32_DOT:
             acc = tl.dot(a.to(tl.float32), tl.trans(w), acc, input_precision="ieee")
         else:
@@ -91,7 +98,7 @@ def _mx_dot(acc, a, w_ptr, s_ptr, n_N, ok_N, k0, K, stride_wn, stride_sn,
 
 @triton.jit
 def _gate_up_kernel(x_ptr, w_ptr, s_ptr, h_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr,
-                    num_pairs, D, INTER,
+                    num_pairs, D, INTER, token_bucket,
                     stride_xt, stride_we, stride_wn, stride_se, stride_sn, stride_hm,
                     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, DOT_SCALED: tl.constexpr, F32_DOT: tl.constexpr,
@@ -116,9 +123,9 @@ def _gate_up_kernel(x_ptr, w_ptr, s_ptr, h_ptr, sorted_ptr, block_expert_ptr, nu
         x_MK = tl.load(x_ptr + token_M[:, None] * stride_xt + k_K[None, :],
                        mask=ok_M[:, None] & (k_K < D)[None, :], other=0.0)
         acc_gate = _mx_dot(acc_gate, x_MK, w_e, s_e, n_N, ok_N, k0, D, stride_wn, stride_sn,
-                           BLOCK_M, BLOCK_K, DOT_SCALED, F32_DOT, EXACT_CAST)
+                           BLOCK_M, BLOCK_N, BLOCK_K, DOT_SCALED, F32_DOT, EXACT_CAST)
         acc_up = _mx_dot(acc_up, x_MK, w_e, s_e, n_N + INTER, ok_N, k0, D, stride_wn, stride_sn,
-                         BLOCK_M, BLOCK_K, DOT_SCALED, F32_DOT, EXACT_CAST)
+                         BLOCK_M, BLOCK_N, BLOCK_K, DOT_SCALED, F32_DOT, EXACT_CAST)
     h_MN = acc_gate * tl.sigmoid(acc_gate) * acc_up  # SwiGLU: silu(gate) * up
     tl.store(h_ptr + row_M[:, None] * stride_hm + n_N[None, :], h_MN.to(h_ptr.dtype.element_ty),
              mask=ok_M[:, None] & ok_N[None, :])
@@ -126,7 +133,7 @@ def _gate_up_kernel(x_ptr, w_ptr, s_ptr, h_ptr, sorted_ptr, block_expert_ptr, nu
 
 @triton.jit
 def _down_kernel(h_ptr, w_ptr, s_ptr, out_ptr, topk_weight_ptr, sorted_ptr, block_expert_ptr,
-                 num_padded_ptr, num_pairs, D, INTER,
+                 num_padded_ptr, num_pairs, D, INTER, token_bucket,
                  stride_hm, stride_we, stride_wn, stride_se, stride_sn, stride_op,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  DOT_SCALED: tl.constexpr, F32_DOT: tl.constexpr, EXACT_CAST: tl.constexpr):
@@ -148,7 +155,7 @@ def _down_kernel(h_ptr, w_ptr, s_ptr, out_ptr, topk_weight_ptr, sorted_ptr, bloc
         h_MK = tl.load(h_ptr + row_M[:, None].to(tl.int64) * stride_hm + k_K[None, :],
                        mask=ok_M[:, None] & (k_K < INTER)[None, :], other=0.0)
         acc = _mx_dot(acc, h_MK, w_e, s_e, n_N, ok_N, k0, INTER, stride_wn, stride_sn,
-                      BLOCK_M, BLOCK_K, DOT_SCALED, F32_DOT, EXACT_CAST)
+                      BLOCK_M, BLOCK_N, BLOCK_K, DOT_SCALED, F32_DOT, EXACT_CAST)
     weight_M = tl.load(topk_weight_ptr + pair_M, mask=ok_M, other=0.0).to(tl.float32)
     acc = acc * weight_M[:, None]
     tl.store(out_ptr + pair_M[:, None].to(tl.int64) * stride_op + n_N[None, :], acc,
@@ -187,6 +194,31 @@ def choose_tiles(num_tokens: int, interpret: bool | None = None) -> MoETiles:
     return MoETiles(64, Tiles(64, 64, 8, 3), Tiles(128, 64, 8, 3))
 
 
+def _configs(shapes: list[tuple[int, int, int, int]]) -> list[triton.Config]:
+    return [triton.Config({"BLOCK_N": n, "BLOCK_K": k}, num_warps=w, num_stages=st) for n, k, w, st in shapes]
+
+
+# Candidates for sm_90 (BLOCK_N, BLOCK_K, warps, stages): per-stage shared memory well under 228 KiB, the
+# dequantized float32 weight tile within registers. The autotuner times them on the GPU at hand, once per
+# (token bucket, D, I, dtypes), and keeps the fastest; on a CUDA graph the capture's warm-up runs first.
+GATE_UP_CONFIGS = _configs([(32, 128, 4, 4), (64, 64, 4, 3), (64, 128, 8, 3), (128, 64, 8, 3), (128, 128, 8, 3)])
+DOWN_CONFIGS = _configs([(32, 128, 4, 4), (64, 128, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (256, 64, 8, 3)])
+_gate_up_tuned = triton.autotune(GATE_UP_CONFIGS, key=["token_bucket", "D", "INTER"])(_gate_up_kernel)
+_down_tuned = triton.autotune(DOWN_CONFIGS, key=["token_bucket", "D", "INTER"])(_down_kernel)
+
+
+def token_bucket(num_tokens: int) -> int:
+    """The autotuner's key for a token count: powers of two from 32 to 8192 (one measurement each)."""
+    return min(8192, max(32, triton.next_power_of_2(num_tokens)))
+
+
+def autotuning(device: torch.device, explicit_tiles: bool) -> bool:
+    """Autotune the grouped kernels' tiles on a GPU unless tiles were given, the interpreter runs (it has
+    no timer worth the name) or COMPOSER_MOE_AUTOTUNE=0 asks for the fixed `choose_tiles`."""
+    return (device.type == "cuda" and not explicit_tiles and not interpreting()
+            and os.environ.get("COMPOSER_MOE_AUTOTUNE", "1") != "0")
+
+
 def default_mma(device: torch.device) -> str:
     if device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 10:
         return "dot_scaled"
@@ -195,8 +227,10 @@ def default_mma(device: torch.device) -> str:
 
 def fused_moe_mxfp8(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor,
                     w13: MXFP8Tensor, w2: MXFP8Tensor, mma: str = "auto",
-                    tiles: MoETiles | None = None) -> torch.Tensor:
-    """The kernel path of kernels.moe.moe_forward (which checks the arguments); see the module docstring."""
+                    tiles: MoETiles | None = None, autotune: bool | None = None) -> torch.Tensor:
+    """The kernel path of kernels.moe.moe_forward (which checks the arguments); see the module docstring.
+    `tiles` forces the launch shapes; `autotune` (None: `autotuning`'s rule) measures them instead."""
+    explicit_tiles = tiles is not None
     T, D = x_TD.shape
     K = topk_ids_TK.shape[1]
     E, two_i, _ = w13.shape
@@ -222,22 +256,30 @@ def fused_moe_mxfp8(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_
     out_PD = torch.empty((T * K, D), dtype=torch.float32, device=x_TD.device)
     common = dict(DOT_SCALED=mma == "dot_scaled", F32_DOT=interpreting(), EXACT_CAST=interpreting())
 
-    gu = tiles.gate_up
-    with launch("moe_gate_up"):
-        _gate_up_kernel[(n_blocks, triton.cdiv(inter, gu.block_n))](
-            x_TD, w13_data, w13_scales, h, aligned.sorted_pair_ids, aligned.block_expert, aligned.num_padded,
-            T * K, D, inter,
-            x_TD.stride(0), w13_data.stride(0), w13_data.stride(1), w13_scales.stride(0), w13_scales.stride(1),
-            h.stride(0),
-            TOP_K=K, BLOCK_M=tiles.block_m, BLOCK_N=gu.block_n, BLOCK_K=gu.block_k,
-            num_warps=gu.num_warps, num_stages=gu.num_stages, **common)
-    dn = tiles.down
-    with launch("moe_down"):
-        _down_kernel[(n_blocks, triton.cdiv(D, dn.block_n))](
-            h, w2_data, w2_scales, out_PD, weights_P, aligned.sorted_pair_ids, aligned.block_expert,
-            aligned.num_padded, T * K, D, inter,
-            h.stride(0), w2_data.stride(0), w2_data.stride(1), w2_scales.stride(0), w2_scales.stride(1),
-            out_PD.stride(0),
-            BLOCK_M=tiles.block_m, BLOCK_N=dn.block_n, BLOCK_K=dn.block_k,
-            num_warps=dn.num_warps, num_stages=dn.num_stages, **common)
+    gate_up_args = (x_TD, w13_data, w13_scales, h, aligned.sorted_pair_ids, aligned.block_expert,
+                    aligned.num_padded, T * K, D, inter, token_bucket(T),
+                    x_TD.stride(0), w13_data.stride(0), w13_data.stride(1), w13_scales.stride(0),
+                    w13_scales.stride(1), h.stride(0))
+    down_args = (h, w2_data, w2_scales, out_PD, weights_P, aligned.sorted_pair_ids, aligned.block_expert,
+                 aligned.num_padded, T * K, D, inter, token_bucket(T),
+                 h.stride(0), w2_data.stride(0), w2_data.stride(1), w2_scales.stride(0), w2_scales.stride(1),
+                 out_PD.stride(0))
+    if autotune if autotune is not None else autotuning(x_TD.device, explicit_tiles):
+        # BLOCK_N, BLOCK_K, warps and stages measured on this GPU at the first call of each token bucket
+        with launch("moe_gate_up"):
+            _gate_up_tuned[lambda meta: (n_blocks, triton.cdiv(inter, meta["BLOCK_N"]))](
+                *gate_up_args, TOP_K=K, BLOCK_M=tiles.block_m, **common)
+        with launch("moe_down"):
+            _down_tuned[lambda meta: (n_blocks, triton.cdiv(D, meta["BLOCK_N"]))](
+                *down_args, BLOCK_M=tiles.block_m, **common)
+    else:
+        gu, dn = tiles.gate_up, tiles.down
+        with launch("moe_gate_up"):
+            _gate_up_kernel[(n_blocks, triton.cdiv(inter, gu.block_n))](
+                *gate_up_args, TOP_K=K, BLOCK_M=tiles.block_m, BLOCK_N=gu.block_n, BLOCK_K=gu.block_k,
+                num_warps=gu.num_warps, num_stages=gu.num_stages, **common)
+        with launch("moe_down"):
+            _down_kernel[(n_blocks, triton.cdiv(D, dn.block_n))](
+                *down_args, BLOCK_M=tiles.block_m, BLOCK_N=dn.block_n, BLOCK_K=dn.block_k,
+                num_warps=dn.num_warps, num_stages=dn.num_stages, **common)
     return out_PD.view(T, K, D).sum(dim=1).to(x_TD.dtype)
