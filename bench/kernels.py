@@ -3,13 +3,20 @@
     python bench/kernels.py                  # GPU if there is one, else the reduced CPU mode
     python bench/kernels.py --tokens 1,8,64  # choose token counts
 
-GPU mode (what the issue's goals are about), for 1..4096 tokens:
+GPU mode (what the issue's goals are about), tokens 1, 8, 64, 512, 4096 (about a minute in all):
 - quantizer GB/s (bytes read + written) against this GPU's measured copy bandwidth (goal >= 70%);
-- MoE layer time of the MXFP8 Triton path against the bf16 torch reference (goal >= 1.6x at decode
-  sizes), and the fraction of the bandwidth roofline (active experts' bytes / copy bandwidth).
+- MoE layer time of the MXFP8 Triton path against the strong bf16 baseline, torch's grouped GEMM
+  (`torch.nn.functional.grouped_mm` / `torch._grouped_mm`, what transformers' experts_implementation=
+  "grouped_mm" runs; goal >= 1.6x at decode sizes), and the bf16 per-expert loop (`moe_reference`) for
+  reference; for both MXFP8 and grouped bf16, the fraction of the bandwidth roofline (the distinct routed
+  experts' weight bytes in that format / measured copy bandwidth: what decode sizes are bound by) and the
+  TFLOP/s of useful work (2 * 3 * T * K * D * I / time: what prefill sizes are bound by), next to a
+  measured dense bf16 matmul's TFLOP/s.
 CPU mode (no CUDA): the same layer shapes through the torch paths the server uses on a CPU, the CPU's
 copy bandwidth, and the Triton kernels under the interpreter at small shapes for correctness only
 (interpreter times say nothing about GPU speed). It says so in its output.
+
+`moe_row` returns one MoE row as a dict (bench/gpu.py records them in its JSON).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 if not torch.cuda.is_available():  # must precede the first import of a @triton.jit module
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -63,13 +71,14 @@ def routing(T: int, device: torch.device, seed: int = 0):
 
 
 def expert_weights(device: torch.device, seed: int = 0):
-    """bf16 w13 [E, 2I, D] and w2 [E, D, I], made one expert at a time to keep host memory low."""
-    g = torch.Generator(device="cpu").manual_seed(seed)
+    """bf16 w13 [E, 2I, D] and w2 [E, D, I], made one expert at a time to keep memory low (on the GPU
+    itself where there is one: the CPU's random numbers for 128 experts take seconds)."""
+    g = torch.Generator(device=device).manual_seed(seed)
     w13 = torch.empty(E, 2 * INTER, D, dtype=torch.bfloat16, device=device)
     w2 = torch.empty(E, D, INTER, dtype=torch.bfloat16, device=device)
     for e in range(E):
-        w13[e] = (torch.randn(2 * INTER, D, generator=g) / D**0.5).to(device)
-        w2[e] = (torch.randn(D, INTER, generator=g) / INTER**0.5).to(device)
+        w13[e] = torch.randn(2 * INTER, D, generator=g, device=device) / D**0.5
+        w2[e] = torch.randn(D, INTER, generator=g, device=device) / INTER**0.5
     return w13, w2
 
 
@@ -80,8 +89,117 @@ def quantize_experts(w: torch.Tensor, backend: str) -> MXFP8Tensor:
 
 
 def active_expert_bytes(ids: torch.Tensor, bytes_per_weight: float) -> float:
+    """Bytes of the weights of the distinct experts `ids` routes to (w13 and w2), at `bytes_per_weight`."""
     active = int(torch.unique(ids).numel())
     return active * (2 * INTER * D + D * INTER) * bytes_per_weight
+
+
+def moe_flops(T: int, k: int, d: int, inter: int) -> float:
+    """Useful FLOPs of one MoE layer: per routed pair, gate_up (2I x D) and down (D x I) matmuls."""
+    return 2 * 3 * T * k * d * inter
+
+
+def _grouped_mm_fn():
+    """torch.nn.functional.grouped_mm where torch has it (2.10+), else torch._grouped_mm (2.8+), as
+    transformers' integrations/moe.py `_grouped_mm` picks."""
+    return getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+
+
+def moe_grouped_mm_bf16(x_TD: torch.Tensor, ids_TK: torch.Tensor, weights_TK: torch.Tensor,
+                        w13_END: torch.Tensor, w2_EDI: torch.Tensor) -> torch.Tensor:
+    """The MoE layer in x's dtype through torch's grouped GEMM, the way transformers'
+    `grouped_mm_experts_forward` (experts_implementation="grouped_mm") runs Qwen3-MoE experts: sort the
+    T*K (token, expert) pairs by expert, gather their rows, per-expert offsets (cumsum of the counts,
+    int32) made on the device (no host sync), one grouped GEMM against w13 [E, 2I, D] viewed as
+    [E, D, 2I] (a transpose view, no copy: the column-major operand the CUDA kernel wants), SwiGLU, one
+    against w2 viewed as [E, I, D], router weights, then the pairs back in token order and summed over
+    the K slots. The one difference from transformers: the weighting and the sum over K run in float32
+    and round once (as `moe_reference` does; transformers weights in bf16, then sums in float32).
+    bf16, fp16 and float32 x (torch has no float64 grouped_mm); CUDA needs sm_80+ (sm_90 before torch
+    2.9) and row strides that are multiples of 16 bytes (D and I multiples of 8 in bf16)."""
+    grouped_mm = _grouped_mm_fn()
+    if grouped_mm is None:
+        raise RuntimeError(f"torch {torch.__version__} has no grouped_mm")
+    T, d = x_TD.shape
+    K = ids_TK.shape[1]
+    n_experts, inter = w13_END.shape[0], w2_EDI.shape[2]
+    expert_P = ids_TK.reshape(-1)
+    expert_sorted_P, order_P = torch.sort(expert_P, stable=True)
+    x_PD = x_TD[order_P // K]
+    counts_E = torch.zeros(n_experts, dtype=torch.int32, device=x_TD.device)
+    counts_E.scatter_add_(0, expert_sorted_P, torch.ones_like(expert_sorted_P, dtype=torch.int32))
+    offs_E = torch.cumsum(counts_E, 0, dtype=torch.int32)
+    gate_up_P2I = grouped_mm(x_PD, w13_END.transpose(-2, -1), offs=offs_E)
+    h_PI = F.silu(gate_up_P2I[:, :inter]) * gate_up_P2I[:, inter:]
+    y_PD = grouped_mm(h_PI, w2_EDI.transpose(-2, -1), offs=offs_E)
+    acc = torch.promote_types(x_TD.dtype, torch.float32)
+    weighted_PD = y_PD.to(acc) * weights_TK.reshape(-1)[order_P, None].to(acc)
+    unsorted_PD = torch.empty_like(weighted_PD)
+    unsorted_PD[order_P] = weighted_PD  # a permutation: deterministic, unlike index_add_'s atomics
+    return unsorted_PD.view(T, K, d).sum(1).to(x_TD.dtype)
+
+
+def grouped_mm_problem(device: torch.device) -> str | None:
+    """None when `moe_grouped_mm_bf16` runs in bf16 on `device`, else why not (old torch, pre-sm_80 GPU)."""
+    try:
+        x = torch.randn(4, 64, device=device).to(torch.bfloat16)
+        ids = torch.tensor([[0, 1], [1, 2], [3, 0], [2, 2]], device=device)
+        w = torch.full((4, 2), 0.5, device=device)
+        w13 = torch.randn(4, 64, 64, device=device).to(torch.bfloat16)
+        w2 = torch.randn(4, 64, 32, device=device).to(torch.bfloat16)
+        moe_grouped_mm_bf16(x, ids, w, w13, w2)
+        return None
+    except Exception as e:  # noqa: BLE001 - the reason is printed and recorded, the loop stands in
+        return f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+
+
+def matmul_tflops(device: torch.device, reps: int) -> float:
+    """A dense bf16 matmul's TFLOP/s (8192^3 on a GPU, 1024^3 on a CPU): the practical compute ceiling."""
+    n = 8192 if device.type == "cuda" else 1024
+    a = torch.randn(n, n, device=device).to(torch.bfloat16)
+    b = torch.randn(n, n, device=device).to(torch.bfloat16)
+    return 2 * n**3 / timed(lambda: a @ b, device, reps) / 1e12
+
+
+def moe_row(T: int, device: torch.device, copy_bw: float, reps: int, w13: torch.Tensor, w2: torch.Tensor,
+            q13: MXFP8Tensor, q2: MXFP8Tensor, backend: str, loop: bool = True,
+            grouped_problem: str | None = None) -> dict:
+    """One MoE row: the MXFP8 path (`backend`) against bf16 grouped_mm (the per-expert loop stands in
+    where `grouped_problem` says grouped_mm cannot run) and, if `loop`, the bf16 per-expert loop.
+    `bf16_*` keys are the bf16 baseline (grouped_mm unless `bf16_impl` says otherwise)."""
+    x = torch.randn(T, D, device=device).to(torch.bfloat16)
+    ids, w = routing(T, device, seed=T)
+    t_mx = timed(lambda: moe_forward(x, ids, w, q13, q2, backend=backend), device, reps)
+    t_loop = timed(lambda: moe_reference(x, ids, w, w13, w2), device, reps) if loop or grouped_problem else None
+    if grouped_problem is None:
+        t_bf16 = timed(lambda: moe_grouped_mm_bf16(x, ids, w, w13, w2), device, reps)
+        impl = "torch.nn.functional.grouped_mm" if hasattr(F, "grouped_mm") else "torch._grouped_mm"
+    else:
+        t_bf16, impl = t_loop, f"per-expert loop (grouped_mm unavailable: {grouped_problem})"
+    flops = moe_flops(T, TOP_K, D, INTER)
+    row = {"kind": "moe", "tokens": T, "experts_active": int(torch.unique(ids).numel()), "bf16_impl": impl,
+           "mxfp8_ms": t_mx * 1e3, "bf16_ms": t_bf16 * 1e3, "speedup": t_bf16 / t_mx,
+           "mxfp8_pct_roof": 100 * active_expert_bytes(ids, 1 + 1 / 32) / copy_bw / t_mx,
+           "bf16_pct_roof": 100 * active_expert_bytes(ids, 2) / copy_bw / t_bf16,
+           "mxfp8_tflops": flops / t_mx / 1e12, "bf16_tflops": flops / t_bf16 / 1e12}
+    if t_loop is not None:
+        row.update(bf16_loop_ms=t_loop * 1e3, speedup_vs_loop=t_loop / t_mx)
+    return row
+
+
+MOE_COLUMNS = [  # (key, header, format) of the MoE table
+    ("tokens", "tokens", "d"), ("experts_active", "experts", "d"), ("mxfp8_ms", "mxfp8 ms", ".3f"),
+    ("bf16_ms", "gmm ms", ".3f"), ("bf16_loop_ms", "loop ms", ".3f"), ("speedup", "vs gmm", ".2f"),
+    ("speedup_vs_loop", "vs loop", ".2f"), ("mxfp8_pct_roof", "mx %roof", ".1f"),
+    ("bf16_pct_roof", "gmm %roof", ".1f"), ("mxfp8_tflops", "mx TF/s", ".3f"), ("bf16_tflops", "gmm TF/s", ".3f")]
+
+
+def print_moe_row(row: dict, header: bool = False) -> None:
+    width = {k: max(len(h), 8) for k, h, _ in MOE_COLUMNS}
+    if header:
+        print(" ".join(f"{h:>{width[k]}}" for k, h, _ in MOE_COLUMNS))
+    print(" ".join(f"{row[k]:>{width[k]}{f}}" if k in row else f"{'-':>{width[k]}}" for k, _, f in MOE_COLUMNS),
+          flush=True)
 
 
 def bench_quantizer(device: torch.device, copy_bw: float, token_counts: list[int], reps: int, path: str):
@@ -96,24 +214,26 @@ def bench_quantizer(device: torch.device, copy_bw: float, token_counts: list[int
         print(f"{str(shape):>18} {s * 1e3:9.3f} {nbytes / s / GB:8.1f} {100 * nbytes / s / copy_bw:6.1f}%")
 
 
-def bench_moe(device: torch.device, copy_bw: float, token_counts: list[int], reps: int, kernel: bool):
+def bench_moe(device: torch.device, copy_bw: float, token_counts: list[int], reps: int, kernel: bool,
+              loop: bool = True) -> list[dict]:
     w13, w2 = expert_weights(device)
     backend = "triton" if kernel else "torch"
     q13, q2 = quantize_experts(w13, backend), quantize_experts(w2, backend)
+    problem = grouped_mm_problem(device)
     mx_path = "MXFP8 Triton kernel" if kernel else "MXFP8 torch reference (CPU serving path)"
-    print(f"\n## MoE layer: E={E} top-{TOP_K} D={D} I={INTER}; bf16 torch reference vs {mx_path}")
-    print("roofline = active experts' weight bytes / measured copy bandwidth (activations ignored)")
-    print(f"{'tokens':>6} {'experts':>7} {'bf16 ms':>9} {'mxfp8 ms':>9} {'speedup':>8} "
-          f"{'bf16 %roof':>10} {'mxfp8 %roof':>11}")
-    for T in token_counts:
-        x = torch.randn(T, D, device=device).to(torch.bfloat16)
-        ids, w = routing(T, device, seed=T)
-        t_ref = timed(lambda x=x, ids=ids, w=w: moe_reference(x, ids, w, w13, w2), device, reps)
-        t_mx = timed(lambda x=x, ids=ids, w=w: moe_forward(x, ids, w, q13, q2, backend=backend), device, reps)
-        roof_bf16 = active_expert_bytes(ids, 2) / copy_bw
-        roof_mx = active_expert_bytes(ids, 1 + 1 / 32) / copy_bw
-        print(f"{T:6d} {int(torch.unique(ids).numel()):7d} {t_ref * 1e3:9.3f} {t_mx * 1e3:9.3f} "
-              f"{t_ref / t_mx:7.2f}x {100 * roof_bf16 / t_ref:9.1f}% {100 * roof_mx / t_mx:10.1f}%")
+    gmm = f"bf16 {'torch.nn.functional.grouped_mm' if hasattr(F, 'grouped_mm') else 'torch._grouped_mm'}"
+    print(f"\n## MoE layer: E={E} top-{TOP_K} D={D} I={INTER}; {mx_path} vs bf16 grouped GEMM (gmm)")
+    if problem:
+        print(f"NOTE: grouped_mm cannot run here ({problem}): the gmm columns are the bf16 per-expert loop")
+    else:
+        print(f"gmm = {gmm} (transformers' grouped_mm experts); loop = bf16 per-expert loop (moe_reference)")
+    print("%roof = (distinct routed experts' weight bytes in that format / copy bandwidth) / time; "
+          "TF/s = 2*3*T*K*D*I / time")
+    rows = []
+    for i, T in enumerate(token_counts):
+        rows.append(moe_row(T, device, copy_bw, reps, w13, w2, q13, q2, backend, loop, problem))
+        print_moe_row(rows[-1], header=i == 0)
+    return rows
 
 
 def check_interpreter(token_counts: list[int]):
@@ -154,10 +274,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=1,
                    help="CPU mode: torch threads (default 1: on a shared 2-core machine two threads made "
                         "small ops 10-100x slower and the figures noise)")
+    p.add_argument("--no-loop", action="store_true", help="leave out the bf16 per-expert loop column")
     args = p.parse_args(argv)
     cuda = torch.cuda.is_available()
     device = torch.device("cuda" if cuda else "cpu")
-    default_tokens = "1,2,4,8,16,32,64,128,256,512,1024,2048,4096" if cuda else "1,4,16,64"
+    default_tokens = "1,8,64,512,4096" if cuda else "1,4,16,64"
     tokens = [int(t) for t in (args.tokens or default_tokens).split(",")]
     reps = args.reps or (100 if cuda else 5)
     print(f"# bench/kernels.py  python {platform.python_version()}  torch {torch.__version__}")
@@ -171,8 +292,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"torch threads: {torch.get_num_threads()}")
     copy_bw = copy_bandwidth(device, (1 << 30) if cuda else (1 << 28), reps)
     print(f"copy bandwidth (read + write): {copy_bw / GB:.1f} GB/s")
+    print(f"dense bf16 matmul: {matmul_tflops(device, reps):.1f} TFLOP/s")
     bench_quantizer(device, copy_bw, tokens, reps, "triton" if cuda else "torch reference")
-    bench_moe(device, copy_bw, tokens, reps, kernel=cuda)
+    bench_moe(device, copy_bw, tokens, reps, kernel=cuda, loop=not args.no_loop)
     if not cuda:
         check_interpreter([1, 8, 32])
 

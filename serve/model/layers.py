@@ -4,7 +4,9 @@ Attention reads keys and values from a paged cache (flat slots: block * block_si
 sequences (one new token each) go through kernels/cpu_attention.py on a CPU where it is built (it reads
 the pages in place); otherwise they are gathered into one padded batch and run through a single SDPA
 call with a length mask. Prefill chunks run per sequence with a causal mask offset by the tokens already
-cached. SDPA is torch's, so the same code runs on CPU and GPU.
+cached. SDPA is torch's, so the same code runs on CPU and GPU. This is the eager path; a GPU's
+decode-only steps go through serve/model/decode.py, whose attention reads the pages in place
+(kernels/paged_attention.py).
 """
 
 from __future__ import annotations

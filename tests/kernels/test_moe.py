@@ -3,6 +3,9 @@ reference against the dense one, and the moe_forward seam's dispatch and checks.
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -67,7 +70,7 @@ def test_mxfp8_layer_stays_close_to_the_bf16_layer():
     assert 1e-2 < rel < 6e-2
 
 
-def test_seam_dispatch_and_checks():
+def test_seam_dispatch_and_checks(device):
     x, ids, w, w13, w2 = make_layer(3, 4, 2, 64, 32)
     q13, q2 = MXFP8Tensor.quantize(w13), MXFP8Tensor.quantize(w2)
     torch.testing.assert_close(moe_forward(x, ids, w, w13, w2), moe_reference(x, ids, w, w13, w2))
@@ -82,7 +85,11 @@ def test_seam_dispatch_and_checks():
         moe_forward(x, ids, w, w2, w13)
     with pytest.raises(ValueError, match="T=3"):
         moe_forward(x, ids[:2], w[:2], w13, w2)
-    assert moe_forward(x[:0], ids[:0], w[:0], q13, q2, backend="triton").shape == (0, 64)
+    # an empty batch through the kernel, on `device`: CPU tensors reach the Triton kernel only under the
+    # interpreter, which tests/kernels/conftest.py turns on only where there is no GPU
+    q13, q2 = (MXFP8Tensor(q.data.to(device), q.scales.to(device)) for q in (q13, q2))
+    out = moe_forward(x[:0].to(device), ids[:0].to(device), w[:0].to(device), q13, q2, backend="triton")
+    assert out.shape == (0, 64) and out.device.type == device.type
 
 
 def test_reference_is_differentiable():
@@ -150,3 +157,35 @@ def test_all_experts_cpu_path_matches_the_grouped_reference():
         torch.testing.assert_close(moe_all_experts(x, ids, w, w13, w2), want, rtol=1e-5, atol=1e-5)
         with torch.inference_mode():
             torch.testing.assert_close(moe_forward(x, ids, w, w13, w2), want, rtol=1e-5, atol=1e-5)
+
+
+def _bench_kernels():
+    """bench/kernels.py as a module (not a package; its name would clash with the kernels package)."""
+    spec = importlib.util.spec_from_file_location("bench_kernels", Path(__file__).parents[2] / "bench" / "kernels.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("case", ["single-token-top1", "single-token-top4", "few-tokens", "skewed-empty-experts"])
+def test_bench_grouped_mm_baseline_matches_the_reference(case, dtype, device):
+    """bench/kernels.py's bf16 baseline (torch's grouped GEMM, as transformers' grouped_mm experts run it)
+    computes the layer: float32 on the CPU within float32 rounding of the grouped reference; bf16 (on the
+    GPU where there is one) within bf16 rounding of float32 math on the same bf16 inputs."""
+    bench = _bench_kernels()
+    if dtype == torch.float32:
+        device = torch.device("cpu")  # CUDA's grouped_mm is bf16 only
+    if (problem := bench.grouped_mm_problem(device)) is not None:
+        pytest.skip(f"no grouped_mm on {device}: {problem}")
+    T, E, K, D, inter, skew = CASES[case]
+    x, ids, w, w13, w2 = make_layer(T, E, K, D, inter, seed=5, skew=skew)
+    x, w13, w2 = x.to(dtype), w13.to(dtype), w2.to(dtype)
+    out = bench.moe_grouped_mm_bf16(x.to(device), ids.to(device), w.to(device), w13.to(device), w2.to(device))
+    assert out.shape == (T, D) and out.dtype == dtype and out.device.type == device.type
+    if dtype == torch.float32:
+        ref = moe_reference(x, ids, w, w13, w2)
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+    else:
+        ref = moe_reference_dense(x.float(), ids, w, w13.float(), w2.float())
+        torch.testing.assert_close(out.float().cpu(), ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())

@@ -70,8 +70,11 @@ def test_a_layer_trained_in_mxfp8_serves_exactly_what_it_trained():
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_moe_forward_is_the_served_one_and_gradients_reach_the_masters(backend):
-    x, ids, w, w13, w2 = make_layer(6, 4, 2, 64, 32, seed=11)
+def test_moe_forward_is_the_served_one_and_gradients_reach_the_masters(backend, device):
+    # the Triton case on `device`: CPU tensors reach the kernel only under the interpreter, which
+    # tests/kernels/conftest.py turns on only where there is no GPU
+    dev = device if backend == "triton" else torch.device("cpu")
+    x, ids, w, w13, w2 = (t.to(dev) for t in make_layer(6, 4, 2, 64, 32, seed=11))
     leaves = [t.clone().requires_grad_() for t in (x, w, w13, w2)]
     out = mxfp8_moe(leaves[0], ids, leaves[1], leaves[2], leaves[3], backend=backend, mma="dequant")
     served = moe_forward(x, ids, w, MXFP8Tensor.quantize(w13), MXFP8Tensor.quantize(w2), backend=backend,
