@@ -332,8 +332,9 @@ def make_engine(model_dir: Path, plan: Plan, quant: str, eager: bool, max_seqs: 
     import serve.engine.native as native
     import serve.model.dummy as dummy
 
+    # static_decode: the GPU's decode step (on a CPU too, without graphs, so the reduced run exercises it)
     config = EngineConfig(device=plan.device, dtype="bfloat16", quant=quant, load_format="dummy",
-                          enforce_eager=eager, max_num_seqs=max_seqs, kv_cache_tokens=kv_tokens,
+                          static_decode=True, enforce_eager=eager, max_num_seqs=max_seqs, kv_cache_tokens=kv_tokens,
                           max_batched_tokens=max(plan.prefill, 2048), max_model_len=plan.prefill + 1024)
     if model is None:
         return NativeEngine(str(model_dir), config)
