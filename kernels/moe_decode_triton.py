@@ -41,7 +41,7 @@ DECODE_MAX_TOKENS = 16  # above this the grouped kernels' tiles win (crossover n
 
 @triton.jit
 def _routed(ids_ptr, stride_it, T, j, TOP_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_KK: tl.constexpr):
-    """Slot j's expert, whether j is its first slot, and per token row: routed to it, and its pair id."""
+    """Slot j's expert, the first slot routed to that expert, and per token row: routed to it, its pair id."""
     t_T = tl.arange(0, BLOCK_T)
     k_K = tl.arange(0, BLOCK_KK)
     ok_TK = (t_T < T)[:, None] & (k_K < TOP_K)[None, :]
@@ -50,10 +50,10 @@ def _routed(ids_ptr, stride_it, T, j, TOP_K: tl.constexpr, BLOCK_T: tl.constexpr
     hit_TK = ok_TK & (ids_TK == expert)
     slot_TK = t_T[:, None] * TOP_K + k_K[None, :]
     first = tl.min(tl.where(hit_TK, slot_TK, BLOCK_T * TOP_K), axis=1)
-    is_first = tl.min(first, axis=0) == j
+    first_slot = tl.min(first, axis=0)
     hit_T = tl.max(hit_TK.to(tl.int32), axis=1) > 0
     pair_T = t_T * TOP_K + tl.sum(tl.where(hit_TK, k_K[None, :], 0), axis=1)
-    return expert.to(tl.int64), is_first, hit_T, pair_T.to(tl.int64)
+    return expert.to(tl.int64), first_slot, hit_T, pair_T.to(tl.int64)
 
 
 @triton.jit
@@ -84,8 +84,8 @@ def _gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, h_ptr, T, D, INTER,
                     TOP_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_KK: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, F32_DOT: tl.constexpr):
     j = tl.program_id(0)
-    expert, is_first, hit_T, pair_T = _routed(ids_ptr, stride_it, T, j, TOP_K, BLOCK_T, BLOCK_KK)
-    if not is_first:
+    expert, first_slot, hit_T, pair_T = _routed(ids_ptr, stride_it, T, j, TOP_K, BLOCK_T, BLOCK_KK)
+    if first_slot != j:
         return  # another slot's programs read this expert
     t_T = tl.arange(0, BLOCK_T).to(tl.int64)
     n_N = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -113,8 +113,8 @@ def _down_kernel(h_ptr, ids_ptr, weights_ptr, w_ptr, s_ptr, out_ptr, T, D, INTER
                  TOP_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_KK: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, F32_DOT: tl.constexpr):
     j = tl.program_id(0)
-    expert, is_first, hit_T, pair_T = _routed(ids_ptr, stride_it, T, j, TOP_K, BLOCK_T, BLOCK_KK)
-    if not is_first:
+    expert, first_slot, hit_T, pair_T = _routed(ids_ptr, stride_it, T, j, TOP_K, BLOCK_T, BLOCK_KK)
+    if first_slot != j:
         return
     n_N = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     ok_N = n_N < D
