@@ -45,7 +45,7 @@ def _signature(fn, args: tuple, kwargs: dict) -> tuple[dict, dict, dict]:
     from triton.runtime.jit import JITFunction
 
     assert isinstance(fn, JITFunction), fn
-    options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}
+    options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages", "enable_fp_fusion") if k in kwargs}
     values = dict(zip(fn.arg_names, args, strict=False)) | kwargs  # positional first, then keywords
     sig, consts = {}, {}
     for p in fn.params:
