@@ -147,7 +147,9 @@ def test_workspaces_of_one_task_are_independent(fixture):
     a, b = Workspace.create(task), Workspace.create(task)
     try:
         (a.root / "calc.py").write_text(FIXED)
-        git(a.root, "commit", "-qam", "agent commit", "--no-verify")
+        # an identity of its own: the machine's git may have none (a fresh HOME)
+        git(a.root, "-c", "user.name=agent", "-c", "user.email=agent@localhost", "commit", "-qam", "agent commit",
+            "--no-verify")
         assert a.verify()[0] is True
         assert (b.root / "calc.py").read_text() == BUGGY
         assert git(b.root, "rev-parse", "HEAD") == base
