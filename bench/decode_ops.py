@@ -77,10 +77,8 @@ def step(path: str, blocks: BlockManager, runner: ModelRunner, seqs: list[Sequen
     counter = OpCounter(strict=strict)
     if path == "static":
         with counter:
-            rows = runner.static._compute(*runner.static.prepare(seqs, [_slot(runner, s) for s in seqs]))
-        picks = runner.static.finish(rows, len(seqs))
-        picks = picks_of(*(list(c) for c in zip(*picks, strict=True)), [s.params for s in seqs],
-                         [s.generator for s in seqs])
+            out = runner.static._compute(*runner.static.prepare(seqs))
+        picks = picks_of(runner.static.finish(out, len(seqs)), [s.params for s in seqs], [s.generator for s in seqs])
     else:
         with counter:
             _, logits = runner.run(batch)
@@ -89,11 +87,6 @@ def step(path: str, blocks: BlockManager, runner: ModelRunner, seqs: list[Sequen
         seq.num_computed += 1
         seq.token_ids.append(pick[0])
     return counter
-
-
-def _slot(runner: ModelRunner, seq: Sequence) -> int:
-    pos = len(seq) - 1
-    return seq.block_table[pos // runner.block_size] * runner.block_size + pos % runner.block_size
 
 
 def measure(path: str, config: dict, quant: str, batch: int, steps: int, device: str,

@@ -65,13 +65,10 @@ class ModelRunner:
     def can_decode(self, batch: list[tuple[Sequence, int]]) -> bool:
         return self.static is not None and StaticDecoder.eligible(batch, self.static.sizes[-1])
 
-    def decode(self, batch: list[tuple[Sequence, int]]) -> list[tuple[int, float, list[int], list[float], bool]]:
+    def decode(self, batch: list[tuple[Sequence, int]]) -> list[list[float]]:
         """A step where every sequence decodes its next token (`can_decode`), sampled on the device: per
-        sequence (id, logprob, top ids, top logprobs, bad row)."""
-        seqs = [seq for seq, _ in batch]
-        bs = self.block_size
-        slots = [seq.block_table[(len(seq) - 1) // bs] * bs + (len(seq) - 1) % bs for seq in seqs]
-        return self.static.step(seqs, slots)
+        sequence its picks row (sampling.pack_picks)."""
+        return self.static.step([seq for seq, _ in batch])
 
     @staticmethod
     def kv_bytes_per_token(model: Qwen3MoeModel, kv_dtype: torch.dtype) -> int:

@@ -418,10 +418,7 @@ class NativeEngine(Engine):
 
     def _decode(self, batch: list[tuple[Sequence, int]]) -> list:
         """The static decode step (forward and sampling on the device), as sample_batch's picks."""
-        rows = self.runner.decode(batch)
-        seqs = [seq for seq, _ in batch]
-        return picks_of(*(list(col) for col in zip(*rows, strict=True)), [s.params for s in seqs],
-                        [s.generator for s in seqs])
+        return picks_of(self.runner.decode(batch), [s.params for s, _ in batch], [s.generator for s, _ in batch])
 
     def _finish(self, seq: Sequence) -> None:
         self.scheduler.finish(seq)

@@ -165,31 +165,40 @@ def sample_rows(logits_BV: torch.Tensor, allowed_BV: torch.Tensor, rows: RowPara
     return ids_B, logprob_B, top_ids_BN, top_lp_BN, bad_B
 
 
-def picks_of(ids: list[int], logprob: list[float], top_ids: list[list[int]], top_lp: list[list[float]],
-             bad: list[bool], params: list[SamplingParams], streams: list[SeedStream],
+def pack_picks(ids_B: torch.Tensor, logprob_B: torch.Tensor, top_ids_BN: torch.Tensor, top_lp_BN: torch.Tensor,
+               bad_B: torch.Tensor) -> torch.Tensor:
+    """`sample_rows`' results as one float32 [B, 3 + 2N] tensor (id, logprob, bad, N top ids, N top
+    logprobs; ids < 2**24 are exact), so that one copy brings a batch's picks to the host."""
+    return torch.cat([ids_B.float()[:, None], logprob_B.float()[:, None], bad_B.float()[:, None],
+                      top_ids_BN.float(), top_lp_BN.float()], dim=1)
+
+
+def picks_of(rows: list[list[float]], params: list[SamplingParams], streams: list[SeedStream],
              matchers: list | None = None) -> list[Pick | Exception]:
-    """Host side of a batch's picks (already copied from the device): each row's Pick, or its exception
-    (NaN logits, a grammar that allows nothing or refuses the pick), which fails that request alone.
-    Advances every row's stream by one draw and each grammar by its pick."""
+    """Host side of a batch's picks (`pack_picks`' rows, copied from the device): each row's Pick, or its
+    exception (NaN logits, a grammar that allows nothing or refuses the pick), which fails that request
+    alone. Advances every row's stream by one draw and each grammar by its pick."""
     out: list[Pick | Exception] = []
-    for i, p in enumerate(params):
-        streams[i].draws += 1
-        if bad[i]:
+    for row, p, stream, matcher in zip(rows, params, streams, matchers or [None] * len(params), strict=True):
+        stream.draws += 1
+        n = (len(row) - 3) // 2
+        token = int(row[0])
+        if row[2]:
             out.append(RuntimeError("cannot sample: the logits are NaN or the grammar allows no token"))
             continue
-        matcher = matchers[i] if matchers else None
         try:
             if matcher is not None:
-                advance(matcher, ids[i])
+                advance(matcher, token)
         except Exception as e:  # noqa: BLE001 - that one request fails
             out.append(e)
             continue
         if not p.logprobs:
-            out.append((ids[i], None, None))
+            out.append((token, None, None))
             continue
-        top = list(zip(top_ids[i][: p.top_logprobs], top_lp[i][: p.top_logprobs], strict=True)) \
+        k = min(p.top_logprobs, n)
+        top = [(int(t), lp) for t, lp in zip(row[3 : 3 + k], row[3 + n : 3 + n + k], strict=True)] \
             if p.top_logprobs > 0 else None
-        out.append((ids[i], logprob[i], top))
+        out.append((token, row[1], top))
     return out
 
 
@@ -213,11 +222,9 @@ def sample_batch(logits_BV: torch.Tensor, params: list[SamplingParams], generato
     sampled = any(p.temperature >= GREEDY_BELOW for p in params)
     top_n = max((p.top_logprobs for p in params if p.logprobs), default=0)
     rows = RowParams.of(params, generators, logits_BV.device) if sampled else None
-    ids, lp, top_ids, top_lp, bad = sample_rows(logits_BV, allowed_BV, rows, sampled=sampled,
-                                                filtered=needs_filter(params), top_n=top_n,
-                                                logprobs=any(p.logprobs for p in params))
-    return picks_of(ids.tolist(), lp.tolist(), top_ids.tolist(), top_lp.tolist(), bad.tolist(), params,
-                    generators, matchers)
+    picks_BX = pack_picks(*sample_rows(logits_BV, allowed_BV, rows, sampled=sampled, filtered=needs_filter(params),
+                                       top_n=top_n, logprobs=any(p.logprobs for p in params)))
+    return picks_of(picks_BX.tolist(), params, generators, matchers)  # one transfer to the host
 
 
 def sample(logits_V: torch.Tensor, params: SamplingParams, generator: SeedStream, matcher=None) -> Pick:

@@ -40,6 +40,7 @@ from serve.engine.sampling import (
     RowParams,
     SeedStream,
     needs_filter,
+    pack_picks,
     sample_rows,
 )
 from serve.engine.sequence import Sequence
@@ -126,14 +127,14 @@ class StaticDecoder:
 
     # -- one step -----------------------------------------------------------------------------------
 
-    def step(self, seqs: list[Sequence], slots: list[int]) -> list[tuple[int, float, list[int], list[float], bool]]:
-        """Decode one token for each sequence (`slots`: where its new token's K/V go); returns per sequence
-        (id, logprob, top ids, top logprobs, bad) in order. The caller advances the sequences' streams."""
-        size, mode = self.prepare(seqs, slots)
+    def step(self, seqs: list[Sequence]) -> list[list[float]]:
+        """Decode one token for each sequence; returns its `pack_picks` row, in order (sampling.picks_of
+        makes them picks and advances the sequences' streams)."""
+        size, mode = self.prepare(seqs)
         out = self._replay(size, mode) if self.capturable else self._compute(size, mode)
         return self.finish(out, len(seqs))
 
-    def prepare(self, seqs: list[Sequence], slots: list[int]) -> tuple[int, Mode]:
+    def prepare(self, seqs: list[Sequence]) -> tuple[int, Mode]:
         """Host side: fill the host buffer, padded to the next captured size, and copy it to the device in
         one transfer. Returns (padded size, mode)."""
         B = len(seqs)
@@ -141,28 +142,29 @@ class StaticDecoder:
         params = [s.params for s in seqs]
         mode = Mode(sampled=any(p.temperature >= GREEDY_BELOW for p in params), filtered=needs_filter(params),
                     top_n=TOP_LOGPROBS_MAX if any(p.logprobs and p.top_logprobs for p in params) else 0)
-        self._fill(seqs, slots, size)
+        self._fill(seqs, size)
         used = FIELDS * self.sizes[-1] + size * self.max_blocks
         self.dev[:used].copy_(self.host[:used], non_blocking=True)
         return size, mode
 
-    def finish(self, out: torch.Tensor, B: int) -> list[tuple[int, float, list[int], list[float], bool]]:
-        """The step's one device-to-host copy (and so its one synchronisation), unpacked per sequence."""
+    def finish(self, out: torch.Tensor, B: int) -> list[list[float]]:
+        """The step's one device-to-host copy (and so its one synchronisation): the real rows' picks."""
         self.steps += 1
-        n = (out.shape[1] - 3) // 2
-        rows = out[:B].cpu().tolist()
-        return [(int(r[0]), r[1], [int(t) for t in r[3 : 3 + n]], r[3 + n :], r[2] != 0.0) for r in rows]
+        return out[:B].tolist()
 
-    def _fill(self, seqs: list[Sequence], slots: list[int], size: int) -> None:
-        """Write the rows through a NumPy view of the host buffer: host work only, no torch op dispatched."""
-        b_max = self.sizes[-1]
+    def _fill(self, seqs: list[Sequence], size: int) -> None:
+        """Write the rows through a NumPy view of the host buffer: host work only, no torch op dispatched.
+        A row's new token is its last (position len - 1): its K/V go to that position's slot."""
+        b_max, bs = self.sizes[-1], self.block_size
         fields = self.host_np[: FIELDS * b_max].reshape(FIELDS, b_max)
         tables = self.host_np[FIELDS * b_max :].reshape(b_max, self.max_blocks)
-        for row, (seq, slot) in enumerate(zip(seqs, slots, strict=True)):
+        for row, seq in enumerate(seqs):
             p, stream = seq.params, seq.generator
             assert isinstance(stream, SeedStream)
             lo, hi = stream.halves
-            fields[:, row] = (seq.token_ids[-1], len(seq) - 1, slot, len(seq), min(p.top_k, 2**31 - 1), _i32(lo), _i32(hi),
+            pos = len(seq) - 1
+            slot = seq.block_table[pos // bs] * bs + pos % bs
+            fields[:, row] = (seq.token_ids[-1], pos, slot, len(seq), min(p.top_k, 2**31 - 1), _i32(lo), _i32(hi),
                               _i32(stream.draws & 0xFFFFFFFF), _f32_bits(p.temperature), _f32_bits(p.top_p))
             tables[row, : len(seq.block_table)] = seq.block_table
         fields[:, len(seqs) : size] = np.array(self._pad_row, dtype=np.int32)[:, None]
@@ -178,10 +180,8 @@ class StaticDecoder:
         rows = RowParams(temperature_B=f[TEMP].view(torch.float32), top_k_B=f[TOP_K].long(),
                          top_p_B=f[TOP_P].view(torch.float32), seeds_B2=f[SEED_LO:SEED_HI + 1].T.long() & 0xFFFFFFFF,
                          draws_B=f[DRAWS].long() & 0xFFFFFFFF)
-        ids_B, lp_B, top_ids_BN, top_lp_BN, bad_B = sample_rows(logits_BV, logits_BV, rows, sampled=mode.sampled,
-                                                                filtered=mode.filtered, top_n=mode.top_n)
-        return torch.cat([ids_B.float()[:, None], lp_B[:, None], bad_B.float()[:, None], top_ids_BN.float(),
-                          top_lp_BN], dim=1)
+        return pack_picks(*sample_rows(logits_BV, logits_BV, rows, sampled=mode.sampled, filtered=mode.filtered,
+                                       top_n=mode.top_n))
 
     def _replay(self, size: int, mode: Mode) -> torch.Tensor:
         key = (size, mode)
