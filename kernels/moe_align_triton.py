@@ -49,6 +49,17 @@ NUM_WARPS = 8
 
 
 @triton.jit
+def _chunk_hits(ids_ptr, p0, num_pairs, top_k, stride_t, stride_k, e_E, real_E, CHUNK_P: tl.constexpr):
+    """Pairs p0 .. p0 + CHUNK_P: (pair ids, in range, one-hot [CHUNK_P, BLOCK_E] of each pair's expert)."""
+    p_P = p0 + tl.arange(0, CHUNK_P)
+    ok_P = p_P < num_pairs
+    t_P = p_P // top_k
+    expert_P = tl.load(ids_ptr + t_P * stride_t + (p_P - t_P * top_k) * stride_k, mask=ok_P,
+                       other=-1).to(tl.int32)  # -1 (masked rows) matches no expert
+    return p_P, ok_P, ((expert_P[:, None] == e_E[None, :]) & real_E[None, :]).to(tl.int32)
+
+
+@triton.jit
 def _moe_align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr,
                       num_pairs, top_k, num_experts, length, num_blocks, stride_t, stride_k,
                       BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK_P: tl.constexpr,
@@ -66,12 +77,7 @@ def _moe_align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr,
     # 2. Per-expert counts, padded to BLOCK_M.
     count_E = tl.zeros((BLOCK_E,), dtype=tl.int32)
     for p0 in range(0, num_pairs, CHUNK_P):
-        p_P = p0 + tl.arange(0, CHUNK_P)
-        ok_P = p_P < num_pairs
-        t_P = p_P // top_k
-        expert_P = tl.load(ids_ptr + t_P * stride_t + (p_P - t_P * top_k) * stride_k, mask=ok_P,
-                           other=-1).to(tl.int32)  # -1 (masked rows) matches no expert
-        hit_PE = ((expert_P[:, None] == e_E[None, :]) & real_E[None, :]).to(tl.int32)
+        _, _, hit_PE = _chunk_hits(ids_ptr, p0, num_pairs, top_k, stride_t, stride_k, e_E, real_E, CHUNK_P)
         count_E += tl.sum(hit_PE, axis=0)
     padded_E = (count_E + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     padded_end_E = tl.cumsum(padded_E, axis=0)
@@ -92,12 +98,7 @@ def _moe_align_kernel(ids_ptr, sorted_ptr, block_expert_ptr, num_padded_ptr,
     # the inclusive cumsum down the chunk counts this one's (1-based, hence the - 1 in slot_E).
     seen_E = tl.zeros((BLOCK_E,), dtype=tl.int32)
     for p0 in range(0, num_pairs, CHUNK_P):
-        p_P = p0 + tl.arange(0, CHUNK_P)
-        ok_P = p_P < num_pairs
-        t_P = p_P // top_k
-        expert_P = tl.load(ids_ptr + t_P * stride_t + (p_P - t_P * top_k) * stride_k, mask=ok_P,
-                           other=-1).to(tl.int32)
-        hit_PE = ((expert_P[:, None] == e_E[None, :]) & real_E[None, :]).to(tl.int32)
+        p_P, ok_P, hit_PE = _chunk_hits(ids_ptr, p0, num_pairs, top_k, stride_t, stride_k, e_E, real_E, CHUNK_P)
         slot_E = padded_start_E + seen_E - 1
         dest_P = tl.sum(hit_PE * (slot_E[None, :] + tl.cumsum(hit_PE, axis=0)), axis=1)
         known_P = ok_P & (tl.sum(hit_PE, axis=1) > 0)  # an out-of-range id has no row to go to

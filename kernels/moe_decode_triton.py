@@ -34,7 +34,7 @@ import triton.language as tl
 from kernels.backend import interpreting
 from kernels.launches import launch
 from kernels.mxfp8 import MXFP8Tensor
-from kernels.mxfp8_triton import e8m0_to_float32
+from kernels.mxfp8_triton import mx_dot
 
 DECODE_MAX_TOKENS = 16  # above this the grouped kernels' tiles win (crossover near 16 in the literature)
 
@@ -57,28 +57,6 @@ def _routed(ids_ptr, stride_it, T, j, TOP_K: tl.constexpr, BLOCK_T: tl.constexpr
 
 
 @triton.jit
-def _dequant_rows(w_ptr, s_ptr, n_N, ok_N, k0, K, stride_wn, stride_sn,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """W[n_N, k0:k0+BLOCK_K] in float32 from fp8 codes and one E8M0 scale per 32 of them."""
-    k_K = k0 + tl.arange(0, BLOCK_K)
-    ok_K = k_K < K
-    w_NK = tl.load(w_ptr + n_N[:, None] * stride_wn + k_K[None, :], mask=ok_N[:, None] & ok_K[None, :],
-                   other=0.0).to(tl.float32)
-    g_G = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-    s_NG = tl.load(s_ptr + n_N[:, None] * stride_sn + g_G[None, :], mask=ok_N[:, None] & (g_G < K // 32)[None, :],
-                   other=127)
-    w_NG32 = tl.reshape(w_NK, (BLOCK_N, BLOCK_K // 32, 32)) * e8m0_to_float32(s_NG)[:, :, None]
-    return tl.reshape(w_NG32, (BLOCK_N, BLOCK_K))
-
-
-@triton.jit
-def _dot(acc, a, w, F32_DOT: tl.constexpr):
-    if F32_DOT:
-        return tl.dot(a.to(tl.float32), tl.trans(w), acc, input_precision="ieee")
-    return tl.dot(a.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)), acc)
-
-
-@triton.jit
 def _gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, h_ptr, T, D, INTER,
                     stride_xt, stride_it, stride_we, stride_wn, stride_se, stride_sn, stride_hp,
                     TOP_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_KK: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -98,10 +76,10 @@ def _gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, h_ptr, T, D, INTER,
         k_K = k0 + tl.arange(0, BLOCK_K)
         x_TK = tl.load(x_ptr + t_T[:, None] * stride_xt + k_K[None, :], mask=hit_T[:, None] & (k_K < D)[None, :],
                        other=0.0)
-        acc_gate = _dot(acc_gate, x_TK, _dequant_rows(w_e, s_e, n_N, ok_N, k0, D, stride_wn, stride_sn, BLOCK_N,
-                                                      BLOCK_K), F32_DOT)
-        acc_up = _dot(acc_up, x_TK, _dequant_rows(w_e, s_e, n_N + INTER, ok_N, k0, D, stride_wn, stride_sn, BLOCK_N,
-                                                  BLOCK_K), F32_DOT)
+        acc_gate = mx_dot(acc_gate, x_TK, w_e, s_e, n_N, ok_N, k0, D, stride_wn, stride_sn,
+                          BLOCK_T, BLOCK_N, BLOCK_K, False, F32_DOT, False)
+        acc_up = mx_dot(acc_up, x_TK, w_e, s_e, n_N + INTER, ok_N, k0, D, stride_wn, stride_sn,
+                        BLOCK_T, BLOCK_N, BLOCK_K, False, F32_DOT, False)
     h_TN = acc_gate * tl.sigmoid(acc_gate) * acc_up  # SwiGLU
     tl.store(h_ptr + pair_T[:, None] * stride_hp + n_N[None, :], h_TN.to(h_ptr.dtype.element_ty),
              mask=hit_T[:, None] & ok_N[None, :])
@@ -125,8 +103,8 @@ def _down_kernel(h_ptr, ids_ptr, weights_ptr, w_ptr, s_ptr, out_ptr, T, D, INTER
         k_K = k0 + tl.arange(0, BLOCK_K)
         h_TK = tl.load(h_ptr + pair_T[:, None] * stride_hp + k_K[None, :],
                        mask=hit_T[:, None] & (k_K < INTER)[None, :], other=0.0)
-        acc = _dot(acc, h_TK, _dequant_rows(w_e, s_e, n_N, ok_N, k0, INTER, stride_wn, stride_sn, BLOCK_N, BLOCK_K),
-                   F32_DOT)
+        acc = mx_dot(acc, h_TK, w_e, s_e, n_N, ok_N, k0, INTER, stride_wn, stride_sn,
+                     BLOCK_T, BLOCK_N, BLOCK_K, False, F32_DOT, False)
     # the pair's router weight: weights [T, K] at (t, k) = (pair // K, pair % K)
     weight_T = tl.load(weights_ptr + (pair_T // TOP_K) * stride_wt + pair_T % TOP_K, mask=hit_T, other=0.0)
     acc = acc * weight_T.to(tl.float32)[:, None]

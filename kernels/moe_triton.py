@@ -48,49 +48,9 @@ from kernels.launches import launch
 from kernels.moe_align import moe_align_block_size
 from kernels.moe_decode_triton import DECODE_MAX_TOKENS, fused_moe_mxfp8_decode
 from kernels.mxfp8 import MXFP8Tensor
-from kernels.mxfp8_triton import block_amax, e8m0_to_float32, scale_exponent, scale_multiplier, to_e4m3_bits
+from kernels.mxfp8_triton import mx_dot
 
 # ---------------------------------------------------------------- jit helpers
-
-
-@triton.jit
-def _quantize_rows_mx(a, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EXACT_CAST: tl.constexpr):
-    """float32 [M, K] -> (e4m3 [M, K], E8M0 uint8 [M, K // 32]), rceil, blocks of 32 along K."""
-    a3 = tl.reshape(a, (BLOCK_M, BLOCK_K // 32, 32))
-    biased = scale_exponent(block_amax(a3, 2), True)
-    y = a3 * scale_multiplier(biased, True)[:, :, None]
-    y = tl.clamp(y, -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL)
-    codes = tl.reshape(to_e4m3_bits(y, EXACT_CAST), (BLOCK_M, BLOCK_K))
-    return codes.to(tl.float8e4nv, bitcast=True), biased.to(tl.uint8)
-
-
-@triton.jit
-def _mx_dot(acc, a, w_ptr, s_ptr, n_N, ok_N, k0, K, stride_wn, stride_sn,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_SCALED: tl.constexpr,
-            F32_DOT: tl.constexpr, EXACT_CAST: tl.constexpr):
-    """acc [M, N] += a [M, K-tile] @ W[n_N, k0:k0+BLOCK_K].T, W in MXFP8 (fp8 rows + E8M0 scales)."""
-    k_K = k0 + tl.arange(0, BLOCK_K)
-    ok_K = k_K < K
-    w_NK = tl.load(w_ptr + n_N[:, None] * stride_wn + k_K[None, :], mask=ok_N[:, None] & ok_K[None, :],
-                   other=0.0)
-    if DOT_SCALED:
-        g_G = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-        s_NG = tl.load(s_ptr + n_N[:, None] * stride_sn + g_G[None, :],
-                       mask=ok_N[:, None] & (g_G < K // 32)[None, :], other=127)
-        a_q, a_s = _quantize_rows_mx(a.to(tl.float32), BLOCK_M, BLOCK_K, EXACT_CAST)
-        acc = tl.dot_scaled(a_q, a_s, "e4m3", tl.trans(w_NK), s_NG, "e4m3", acc)
-    else:
-        # one scale byte per 32 codes, broadcast in registers (not one gathered byte per element)
-        g_G = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-        s_NG = tl.load(s_ptr + n_N[:, None] * stride_sn + g_G[None, :],
-                       mask=ok_N[:, None] & (g_G < K // 32)[None, :], other=127)
-        w = tl.reshape(tl.reshape(w_NK.to(tl.float32), (BLOCK_N, BLOCK_K // 32, 32))
-                       * e8m0_to_float32(s_NG)[:, :, None], (BLOCK_N, BLOCK_K))
-        if F32_DOT:
-            acc = tl.dot(a.to(tl.float32), tl.trans(w), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)), acc)
-    return acc
 
 
 # ---------------------------------------------------------------- kernels
@@ -122,9 +82,9 @@ def _gate_up_kernel(x_ptr, w_ptr, s_ptr, h_ptr, sorted_ptr, block_expert_ptr, nu
         k_K = k0 + tl.arange(0, BLOCK_K)
         x_MK = tl.load(x_ptr + token_M[:, None] * stride_xt + k_K[None, :],
                        mask=ok_M[:, None] & (k_K < D)[None, :], other=0.0)
-        acc_gate = _mx_dot(acc_gate, x_MK, w_e, s_e, n_N, ok_N, k0, D, stride_wn, stride_sn,
+        acc_gate = mx_dot(acc_gate, x_MK, w_e, s_e, n_N, ok_N, k0, D, stride_wn, stride_sn,
                            BLOCK_M, BLOCK_N, BLOCK_K, DOT_SCALED, F32_DOT, EXACT_CAST)
-        acc_up = _mx_dot(acc_up, x_MK, w_e, s_e, n_N + INTER, ok_N, k0, D, stride_wn, stride_sn,
+        acc_up = mx_dot(acc_up, x_MK, w_e, s_e, n_N + INTER, ok_N, k0, D, stride_wn, stride_sn,
                          BLOCK_M, BLOCK_N, BLOCK_K, DOT_SCALED, F32_DOT, EXACT_CAST)
     h_MN = acc_gate * tl.sigmoid(acc_gate) * acc_up  # SwiGLU: silu(gate) * up
     tl.store(h_ptr + row_M[:, None] * stride_hm + n_N[None, :], h_MN.to(h_ptr.dtype.element_ty),
@@ -154,7 +114,7 @@ def _down_kernel(h_ptr, w_ptr, s_ptr, out_ptr, topk_weight_ptr, sorted_ptr, bloc
         k_K = k0 + tl.arange(0, BLOCK_K)
         h_MK = tl.load(h_ptr + row_M[:, None].to(tl.int64) * stride_hm + k_K[None, :],
                        mask=ok_M[:, None] & (k_K < INTER)[None, :], other=0.0)
-        acc = _mx_dot(acc, h_MK, w_e, s_e, n_N, ok_N, k0, INTER, stride_wn, stride_sn,
+        acc = mx_dot(acc, h_MK, w_e, s_e, n_N, ok_N, k0, INTER, stride_wn, stride_sn,
                       BLOCK_M, BLOCK_N, BLOCK_K, DOT_SCALED, F32_DOT, EXACT_CAST)
     weight_M = tl.load(topk_weight_ptr + pair_M, mask=ok_M, other=0.0).to(tl.float32)
     acc = acc * weight_M[:, None]

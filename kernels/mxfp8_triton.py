@@ -129,6 +129,44 @@ def float32_to_bf16_bits(f):
     return r.to(tl.int16)
 
 
+@triton.jit
+def quantize_rows_mx(a, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EXACT_CAST: tl.constexpr):
+    """float32 [M, K] -> (e4m3 [M, K], E8M0 uint8 [M, K // 32]), rceil, blocks of 32 along K."""
+    a3 = tl.reshape(a, (BLOCK_M, BLOCK_K // 32, 32))
+    biased = scale_exponent(block_amax(a3, 2), True)
+    y = a3 * scale_multiplier(biased, True)[:, :, None]
+    y = tl.clamp(y, -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL)
+    codes = tl.reshape(to_e4m3_bits(y, EXACT_CAST), (BLOCK_M, BLOCK_K))
+    return codes.to(tl.float8e4nv, bitcast=True), biased.to(tl.uint8)
+
+
+@triton.jit
+def mx_dot(acc, a, w_ptr, s_ptr, n_N, ok_N, k0, K, stride_wn, stride_sn,
+           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_SCALED: tl.constexpr,
+           F32_DOT: tl.constexpr, EXACT_CAST: tl.constexpr):
+    """acc [M, N] += a [M, K-tile] @ W[n_N, k0:k0+BLOCK_K].T, W in MXFP8 (fp8 rows + one E8M0 scale per 32
+    codes): the MoE kernels' one multiply. DOT_SCALED (sm_100+): a is quantized to MXFP8 in registers and
+    both go to the block-scaled MMA. Else (sm_90, the interpreter): W is dequantized in registers, each
+    scale broadcast over its 32 codes, and multiplied in bf16 (float32 with F32_DOT) into float32 acc."""
+    k_K = k0 + tl.arange(0, BLOCK_K)
+    w_NK = tl.load(w_ptr + n_N[:, None] * stride_wn + k_K[None, :], mask=ok_N[:, None] & (k_K < K)[None, :],
+                   other=0.0)
+    g_G = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+    s_NG = tl.load(s_ptr + n_N[:, None] * stride_sn + g_G[None, :], mask=ok_N[:, None] & (g_G < K // 32)[None, :],
+                   other=127)
+    if DOT_SCALED:
+        a_q, a_s = quantize_rows_mx(a.to(tl.float32), BLOCK_M, BLOCK_K, EXACT_CAST)
+        acc = tl.dot_scaled(a_q, a_s, "e4m3", tl.trans(w_NK), s_NG, "e4m3", acc)
+    else:
+        w = tl.reshape(tl.reshape(w_NK.to(tl.float32), (BLOCK_N, BLOCK_K // 32, 32))
+                       * e8m0_to_float32(s_NG)[:, :, None], (BLOCK_N, BLOCK_K))
+        if F32_DOT:
+            acc = tl.dot(a.to(tl.float32), tl.trans(w), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)), acc)
+    return acc
+
+
 # ---------------------------------------------------------------- kernels
 
 
