@@ -62,7 +62,7 @@ sys.path.insert(0, str(ROOT))  # this folder holds a kernels.py: the package mus
 
 from serve.engine.base import SamplingParams  # noqa: E402
 from serve.engine.native import EngineConfig, NativeEngine  # noqa: E402
-from serve.engine.sequence import Sequence  # noqa: E402
+from serve.engine.parity import forced_logits  # noqa: E402
 
 SECTIONS = ("parity", "decode", "hf", "profile", "kernels")
 QWEN3_30B_A3B = dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=151936,
@@ -622,7 +622,7 @@ def section_parity(plan: Plan, report: Report, deadline: float) -> None:
             t = time.perf_counter()
             engine = NativeEngine(str(ckpt), EngineConfig(device=dev, dtype=dtype, quant=quant, kv_cache_tokens=16384))
             try:
-                logits = engine_logits(engine, ids, split).float().cpu()
+                logits = forced_logits(engine, ids, split).float().cpu()
                 outs = generate_greedy(engine, prompts, n_new)
             finally:
                 stop_engine(engine)
@@ -636,24 +636,6 @@ def section_parity(plan: Plan, report: Report, deadline: float) -> None:
           f"{len(ids) - split + 1} positions; greedy {plan.parity_prompts} prompts x {n_new} tokens)", sec["rows"],
           [("variant", "variant", ""), ("logit_gap", "max|logit gap|", ".3e"), ("seq_same", "same seqs", "d"),
            ("tok_same", "same tokens", "d"), ("tokens", "of", "d")])
-
-
-def engine_logits(engine: NativeEngine, ids: list[int], split: int) -> torch.Tensor:
-    """Logits after ids[:split] (one prefill), then after each later token (decode steps), through the
-    engine's runner (the engine thread is idle: nothing was submitted)."""
-    seq = Sequence(ids[:split], SamplingParams(max_tokens=4, temperature=0.0))
-    assert engine.blocks.allocate(seq)
-    _, logits = engine.runner.run([(seq, split)])
-    rows = [logits[0]]
-    seq.num_computed = split
-    for t in ids[split:]:
-        seq.token_ids.append(t)
-        assert engine.blocks.ensure(seq, len(seq))
-        _, logits = engine.runner.run([(seq, 1)])
-        seq.num_computed += 1
-        rows.append(logits[0])
-    engine.blocks.free(seq)
-    return torch.stack(rows)
 
 
 def generate_greedy(engine: NativeEngine, prompts: list[list[int]], n: int) -> list[list[int]]:

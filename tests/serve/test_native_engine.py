@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from serve.engine.base import SamplingParams
 from serve.engine.native import EngineConfig, NativeEngine
-from serve.engine.sequence import Sequence
+from serve.engine.parity import forced_logits
 from serve.model.config import ModelConfig
 from serve.model.layers import rope_inv_freq
 from serve.model.loader import load_model, save_mxfp8_experts
@@ -46,24 +46,6 @@ def hf_logits(path, ids: list[int], dtype: torch.dtype = torch.float32) -> torch
         return model(torch.tensor([ids])).logits[0]
 
 
-def engine_logits(engine: NativeEngine, ids: list[int], split: int) -> torch.Tensor:
-    """Logits after the prefix ids[:split] (one prefill), then after each later token (decodes)."""
-    seq = Sequence(ids[:split], greedy())
-    assert engine.blocks.allocate(seq)
-    rows = []
-    _, logits = engine.runner.run([(seq, split)])
-    rows.append(logits[0])
-    seq.num_computed = split
-    for t in ids[split:]:
-        seq.token_ids.append(t)
-        assert engine.blocks.ensure(seq, len(seq))
-        _, logits = engine.runner.run([(seq, 1)])
-        seq.num_computed += 1
-        rows.append(logits[0])
-    engine.blocks.free(seq)
-    return torch.stack(rows)
-
-
 @pytest.fixture(scope="module")
 def variants(tiny_hermes, tmp_path_factory):
     """Checkpoints that exercise the config's options: a dense layer and tied embeddings; YaRN; shards."""
@@ -85,7 +67,7 @@ def test_fp32_logits_match_transformers(variants, name):
     engine = NativeEngine(str(path), EngineConfig(dtype="float32", kv_cache_tokens=2048, block_size=8))
     ids = prompts(1, seed=11, lo=90, hi=91)[0]
     ref = hf_logits(path, ids)[60 - 1:]
-    got = engine_logits(engine, ids, split=60)
+    got = forced_logits(engine, ids, split=60)
     assert (got - ref).abs().max().item() <= 1e-4
 
 
@@ -99,7 +81,7 @@ def test_fp64_logits_match_transformers_to_float32_rounding(variants):
     assert "not built" not in engine.describe()
     ids = prompts(1, seed=11, lo=90, hi=91)[0]
     ref = hf_logits(path, ids, torch.float64)[60 - 1:]
-    got = engine_logits(engine, ids, split=60)
+    got = forced_logits(engine, ids, split=60)
     assert got.dtype == torch.float32
     assert (got.double() - ref).abs().max().item() <= 1e-6 * max(1.0, ref.abs().max().item())
 
@@ -147,9 +129,9 @@ def test_cpu_packed_weights_give_the_same_tokens_and_logits(tiny_hermes, engine)
     assert generate_all(engine, ps, greedy()) == want
     assert generate_all(every, ps, greedy()) == want
     ids = prompts(1, seed=13, lo=70, hi=71)[0]
-    ref = engine_logits(plain, ids, split=50)
+    ref = forced_logits(plain, ids, split=50)
     for packed in (engine, every):
-        assert (engine_logits(packed, ids, split=50) - ref).abs().max().item() <= 1e-4
+        assert (forced_logits(packed, ids, split=50) - ref).abs().max().item() <= 1e-4
 
 
 def test_cpu_kernels_give_the_same_tokens_and_logits(tiny_hermes, engine):
@@ -164,7 +146,7 @@ def test_cpu_kernels_give_the_same_tokens_and_logits(tiny_hermes, engine):
     ps = prompts(8, seed=15)
     assert generate_all(engine, ps, greedy(20)) == generate_all(gathered, ps, greedy(20))
     ids = prompts(1, seed=16, lo=70, hi=71)[0]
-    diff = engine_logits(engine, ids, split=20) - engine_logits(gathered, ids, split=20)
+    diff = forced_logits(engine, ids, split=20) - forced_logits(gathered, ids, split=20)
     assert diff.abs().max().item() <= 1e-4
 
 
@@ -181,7 +163,7 @@ def test_decode_steps_in_one_kernel_call_match_the_python_layers_to_the_bit(tiny
     ps = prompts(6, seed=17)
     assert generate_all(fused, ps, greedy(20)) == generate_all(layered, ps, greedy(20))
     ids = prompts(1, seed=18, lo=40, hi=41)[0]
-    assert torch.equal(engine_logits(fused, ids, split=10), engine_logits(layered, ids, split=10))
+    assert torch.equal(forced_logits(fused, ids, split=10), forced_logits(layered, ids, split=10))
     used = fused.runner.routes[:, 0, 0] >= 0  # routing replay: the same experts recorded at the same slots
     assert used.any() and torch.equal(fused.runner.routes, layered.runner.routes)
 
@@ -282,7 +264,7 @@ def test_mxfp8_experts_stay_close_to_full_precision(tiny_hermes, tmp_path):
     ids = prompts(1, seed=10, lo=64, hi=65)[0]
     full = NativeEngine(str(tiny_hermes), EngineConfig(dtype="float32", kv_cache_tokens=1024))
     mx = NativeEngine(str(tiny_hermes), EngineConfig(dtype="float32", quant="mxfp8", kv_cache_tokens=1024))
-    a, b = engine_logits(full, ids, 48), engine_logits(mx, ids, 48)
+    a, b = forced_logits(full, ids, 48), forced_logits(mx, ids, 48)
     rel = ((a - b).norm() / a.norm()).item()
     assert 0 < rel < 0.05, rel  # stated tolerance: 5% relative L2 on the logits
     dense, experts = mx.model.weight_bytes()
@@ -290,7 +272,7 @@ def test_mxfp8_experts_stay_close_to_full_precision(tiny_hermes, tmp_path):
     # In bfloat16, the served precision on a GPU: MXFP8 experts against bf16 experts, same tolerance.
     bf = NativeEngine(str(tiny_hermes), EngineConfig(dtype="bfloat16", kv_cache_tokens=1024))
     mx_bf = NativeEngine(str(tiny_hermes), EngineConfig(dtype="bfloat16", quant="mxfp8", kv_cache_tokens=1024))
-    ref, got = engine_logits(bf, ids, 48), engine_logits(mx_bf, ids, 48)
+    ref, got = forced_logits(bf, ids, 48), forced_logits(mx_bf, ids, 48)
     assert 0 < ((got - ref).norm() / ref.norm()).item() < 0.05
 
     # A checkpoint that stores MXFP8 experts (as train/ saves them) loads as is: same logits.
@@ -310,4 +292,4 @@ def test_mxfp8_experts_stay_close_to_full_precision(tiny_hermes, tmp_path):
     save_file(tensors, str(stored / "model.safetensors"))
     again = NativeEngine(str(stored), EngineConfig(dtype="float32", kv_cache_tokens=1024))
     assert again.quant == "none"  # nothing to convert: the experts already are MXFP8
-    assert torch.equal(engine_logits(again, ids, 48), b)
+    assert torch.equal(forced_logits(again, ids, 48), b)
