@@ -20,6 +20,7 @@ import torch
 
 from kernels import MXFP8Tensor
 from serve.model.config import ModelConfig
+from serve.model.loader import empty_model
 from serve.model.qwen3_moe import Qwen3MoeModel
 
 DENSE_STD = 0.02
@@ -31,9 +32,7 @@ def random_model(model_dir: str | Path, *, device: str | torch.device = "cpu", d
         raise ValueError(f"quant must be none or mxfp8, not {quant!r}")
     cfg = ModelConfig.from_dir(model_dir)
     device = torch.device(device)
-    with torch.device("meta"):
-        model = Qwen3MoeModel(cfg)
-    model = model.to(dtype).to_empty(device=device)  # dtype first: free on meta, then one allocation
+    model = empty_model(cfg, device, dtype)
     gen = torch.Generator(device=device).manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():

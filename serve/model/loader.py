@@ -37,15 +37,21 @@ def shard_files(path: Path) -> list[Path]:
     raise FileNotFoundError(f"no model.safetensors(.index.json) in {path}")
 
 
+def empty_model(cfg: ModelConfig, device: str | torch.device, dtype: torch.dtype) -> Qwen3MoeModel:
+    """The model with uninitialised storage on `device`: built on the meta device, so nothing is allocated
+    twice (the dtype is set there for free, then storage is given once). Expert weights come empty."""
+    with torch.device("meta"):
+        model = Qwen3MoeModel(cfg)
+    return model.to(dtype).to_empty(device=device)
+
+
 def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16,
                quant: str = "none") -> Qwen3MoeModel:
     from safetensors import safe_open
 
     path = Path(path)
     cfg = ModelConfig.from_dir(path)
-    with torch.device("meta"):
-        model = Qwen3MoeModel(cfg)
-    model = model.to(dtype).to_empty(device=device)  # dtype first: free on meta, then one allocation
+    model = empty_model(cfg, device, dtype)
     params = dict(model.named_parameters())
     moes = {i: layer.mlp for i, layer in enumerate(model.layers) if isinstance(layer.mlp, SparseMoE)}
     E, inter, D = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
