@@ -45,16 +45,17 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # ---------------------------------------------------------------- torch references
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """serve/model/layers.py RMSNorm.forward, op for op."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm as the model computes it (serve/model/layers.py RMSNorm.forward calls this): the mean
+    square in acc_dtype, the normed x rounded to x's dtype, then times the weight."""
     dtype = x.dtype
     x32 = x.to(acc_dtype(dtype))
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x32.to(dtype)
 
 
-def _apply_rope(x_TNC: torch.Tensor, cos_TC: torch.Tensor, sin_TC: torch.Tensor) -> torch.Tensor:
-    """serve/model/layers.py apply_rope, op for op."""
+def apply_rope(x_TNC: torch.Tensor, cos_TC: torch.Tensor, sin_TC: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding, rotate-half, in x's dtype: the model's (serve/model/layers.py uses this one)."""
     half = x_TNC.shape[-1] // 2
     rotated = torch.cat([-x_TNC[..., half:], x_TNC[..., :half]], dim=-1)
     return x_TNC * cos_TC[:, None, :] + rotated * sin_TC[:, None, :]
@@ -63,7 +64,7 @@ def _apply_rope(x_TNC: torch.Tensor, cos_TC: torch.Tensor, sin_TC: torch.Tensor)
 def add_rms_norm_reference(x_TD: torch.Tensor, residual_TD: torch.Tensor | None, weight_D: torch.Tensor,
                            eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     sum_TD = x_TD if residual_TD is None else x_TD + residual_TD
-    return _rms_norm(sum_TD, weight_D, eps), sum_TD
+    return rms_norm(sum_TD, weight_D, eps), sum_TD
 
 
 def qk_norm_rope_cache_reference(qkv_TN: torch.Tensor, q_norm_w_C: torch.Tensor, k_norm_w_C: torch.Tensor,
@@ -76,10 +77,10 @@ def qk_norm_rope_cache_reference(qkv_TN: torch.Tensor, q_norm_w_C: torch.Tensor,
     q_TN, k_TN, v_TN = qkv_TN.split([H * C, G * C, G * C], dim=-1)
     # `.to(dtype)`: a no-op for weights in the model dtype (as the model holds them); float32 weights
     # (as the CPU prologue takes them) then give the same values, since their product rounds once either way.
-    q_THC = _rms_norm(q_TN.reshape(T, H, C), q_norm_w_C, eps).to(dtype)
-    k_TGC = _rms_norm(k_TN.reshape(T, G, C), k_norm_w_C, eps).to(dtype)
+    q_THC = rms_norm(q_TN.reshape(T, H, C), q_norm_w_C, eps).to(dtype)
+    k_TGC = rms_norm(k_TN.reshape(T, G, C), k_norm_w_C, eps).to(dtype)
     v_TGC = v_TN.reshape(T, G, C)
-    q_THC, k_TGC = _apply_rope(q_THC, cos_TC, sin_TC), _apply_rope(k_TGC, cos_TC, sin_TC)
+    q_THC, k_TGC = apply_rope(q_THC, cos_TC, sin_TC), apply_rope(k_TGC, cos_TC, sin_TC)
     k_cache.index_copy_(0, slot_mapping_T, k_TGC.to(k_cache.dtype))
     v_cache.index_copy_(0, slot_mapping_T, v_TGC.to(v_cache.dtype))
     return q_THC

@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.fused import apply_rope as apply_rope  # the model's rotary: kernels keep its one definition
+from kernels.fused import rms_norm
 from kernels.moe_reference import acc_dtype
 from serve.model.config import ModelConfig
 
@@ -30,10 +32,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x32 = x.to(acc_dtype(dtype))
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
@@ -84,12 +83,6 @@ class Rotary:
         freqs_TC2 = positions_T.to(acc)[:, None] * self.inv_freq.to(acc)[None, :]
         emb_TC = torch.cat([freqs_TC2, freqs_TC2], dim=-1)
         return (emb_TC.cos() * self.scaling).to(dtype), (emb_TC.sin() * self.scaling).to(dtype)
-
-
-def apply_rope(x_TNC: torch.Tensor, cos_TC: torch.Tensor, sin_TC: torch.Tensor) -> torch.Tensor:
-    half = x_TNC.shape[-1] // 2
-    rotated = torch.cat([-x_TNC[..., half:], x_TNC[..., :half]], dim=-1)
-    return x_TNC * cos_TC[:, None, :] + rotated * sin_TC[:, None, :]
 
 
 @dataclass
