@@ -181,12 +181,8 @@ class Trainer:
     @staticmethod
     def _hidden(m, ids_BL: torch.Tensor, routes_BLMK: torch.Tensor | None = None) -> torch.Tensor:
         """Qwen3MoeModel.forward_train up to the final norm (the same operations, without the LM head)."""
-        from serve.model.layers import Rotary
-
-        if m.rotary is None:
-            m.rotary = Rotary(m.cfg, ids_BL.device)
         x_BLD = m.embed_tokens(ids_BL)
-        cos_LC, sin_LC = m.rotary.cos_sin(torch.arange(ids_BL.shape[1], device=ids_BL.device), x_BLD.dtype)
+        cos_LC, sin_LC = m.cos_sin(torch.arange(ids_BL.shape[1], device=ids_BL.device), x_BLD.dtype)
         for layer in m.layers:
             x_BLD = layer.forward_dense(x_BLD, cos_LC, sin_LC, routes_BLMK)
         return m.norm(x_BLD)

@@ -58,14 +58,9 @@ def decode_forward(model: Qwen3MoeModel, ids_B: torch.Tensor, positions_B: torch
     """Logits [B, V] (float32) of the next token of B sequences. `slots_B`: where each new token's K/V go;
     `tables_BN`/`lens_B`: each sequence's cache pages and how many cached tokens it attends to (its own
     new one included). A padding row has length 0 and a slot nobody reads. Needs `prepare_for_decode`."""
-    cfg = model.cfg
-    eps = cfg.rms_norm_eps
-    if model.rotary is None:
-        from serve.model.layers import Rotary
-
-        model.rotary = Rotary(cfg, ids_B.device)
+    eps = model.cfg.rms_norm_eps
     x_BD = model.embed_tokens(ids_B)
-    cos_BC, sin_BC = model.rotary.cos_sin(positions_B, x_BD.dtype)
+    cos_BC, sin_BC = model.cos_sin(positions_B, x_BD.dtype)
     residual_BD = None  # the residual stream; x_BD is the last block's output, not yet added to it
     for layer, (k_cache, v_cache) in zip(model.layers, kv_caches, strict=True):
         h_BD, residual_BD = add_rms_norm(x_BD, residual_BD, layer.input_layernorm.weight, eps)

@@ -190,6 +190,12 @@ class Qwen3MoeModel(nn.Module):
         for i, moe in enumerate(self.moe_layers()):
             moe.index = i
 
+    def cos_sin(self, positions_T: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotary cos and sin [T, C] at these positions; the table is made on their device at first use."""
+        if self.rotary is None:
+            self.rotary = Rotary(self.cfg, positions_T.device)
+        return self.rotary.cos_sin(positions_T, dtype)
+
     def moe_layers(self) -> list[SparseMoE]:
         return [layer.mlp for layer in self.layers if isinstance(layer.mlp, SparseMoE)]
 
@@ -197,10 +203,8 @@ class Qwen3MoeModel(nn.Module):
     def forward(self, input_ids_T: torch.Tensor, positions_T: torch.Tensor, meta: AttnMeta,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]], logits_rows_B: torch.Tensor) -> torch.Tensor:
         """Logits [B, V] (float32) for the rows in `logits_rows_B`."""
-        if self.rotary is None:
-            self.rotary = Rotary(self.cfg, input_ids_T.device)
         x_TD = self.embed_tokens(input_ids_T)
-        cos_TC, sin_TC = self.rotary.cos_sin(positions_T, x_TD.dtype)
+        cos_TC, sin_TC = self.cos_sin(positions_T, x_TD.dtype)
         plan = None if meta.prefill else self.decode_plan(meta.cpu_kernels)
         if plan is not None and meta.decode_rows_B.numel() == x_TD.shape[0]:  # every row decodes: one C++ call
             x_TD = meta.cpu_kernels.decode_layers(
@@ -220,10 +224,8 @@ class Qwen3MoeModel(nn.Module):
         `routes_BLMK`: the experts the server routed each token to in each MoE layer, replayed (-1: none
         recorded, the router decides)."""
         L = input_ids_BL.shape[1]
-        if self.rotary is None:
-            self.rotary = Rotary(self.cfg, input_ids_BL.device)
         x_BLD = self.embed_tokens(input_ids_BL)
-        cos_LC, sin_LC = self.rotary.cos_sin(torch.arange(L, device=input_ids_BL.device), x_BLD.dtype)
+        cos_LC, sin_LC = self.cos_sin(torch.arange(L, device=input_ids_BL.device), x_BLD.dtype)
         for layer in self.layers:
             x_BLD = layer.forward_dense(x_BLD, cos_LC, sin_LC, routes_BLMK)
         h_BLD = self.norm(x_BLD)
