@@ -63,7 +63,7 @@ class ModelRunner:
             self.static.set_model(model)
 
     def can_decode(self, batch: list[tuple[Sequence, int]]) -> bool:
-        return self.static is not None and StaticDecoder.eligible(batch, self.static.sizes[-1])
+        return self.static is not None and self.static.eligible(batch)
 
     def decode(self, batch: list[tuple[Sequence, int]]) -> list[list[float]]:
         """A step where every sequence decodes its next token (`can_decode`), sampled on the device: per

@@ -113,11 +113,10 @@ class StaticDecoder:
             return f"decode steps: CUDA graphs for batch sizes {self.sizes[0]}..{self.sizes[-1]} ({len(self.sizes)} sizes)"
         return "decode steps: static buffers, no graphs"
 
-    @staticmethod
-    def eligible(batch: list[tuple[Sequence, int]], max_batch: int) -> bool:
+    def eligible(self, batch: list[tuple[Sequence, int]]) -> bool:
         """Every sequence decodes its next token (one token with context before it, sampled this step), none
-        has a grammar, asks more top logprobs than the API allows, or lies past the largest graph."""
-        if not batch or len(batch) > max_batch:
+        has a grammar or asks more top logprobs than the API allows, and the batch fits the largest size."""
+        if not batch or len(batch) > self.sizes[-1]:
             return False
         for seq, n in batch:
             if n != 1 or seq.num_computed == 0 or seq.num_computed + 1 != len(seq) or seq.matcher is not None \
