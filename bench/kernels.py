@@ -36,6 +36,7 @@ if not torch.cuda.is_available():  # must precede the first import of a @triton.
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernels import MXFP8Tensor, moe_forward, moe_reference, quantize_mxfp8  # noqa: E402
+from kernels.moe_reference import acc_dtype  # noqa: E402
 from kernels.mxfp8 import quantize_mxfp8_reference  # noqa: E402
 
 E, TOP_K, D, INTER = 128, 8, 2048, 768  # Qwen3-30B-A3B: experts, top-k, hidden, expert intermediate
@@ -132,7 +133,7 @@ def moe_grouped_mm_bf16(x_TD: torch.Tensor, ids_TK: torch.Tensor, weights_TK: to
     gate_up_P2I = grouped_mm(x_PD, w13_END.transpose(-2, -1), offs=offs_E)
     h_PI = F.silu(gate_up_P2I[:, :inter]) * gate_up_P2I[:, inter:]
     y_PD = grouped_mm(h_PI, w2_EDI.transpose(-2, -1), offs=offs_E)
-    acc = torch.promote_types(x_TD.dtype, torch.float32)
+    acc = acc_dtype(x_TD.dtype)
     weighted_PD = y_PD.to(acc) * weights_TK.reshape(-1)[order_P, None].to(acc)
     unsorted_PD = torch.empty_like(weighted_PD)
     unsorted_PD[order_P] = weighted_PD  # a permutation: deterministic, unlike index_add_'s atomics
