@@ -34,7 +34,7 @@ import triton.language as tl
 from kernels.backend import interpreting
 from kernels.launches import launch
 from kernels.mxfp8 import MXFP8Tensor
-from kernels.mxfp8_triton import mx_dot
+from kernels.mxfp8_triton import mx_rows_matmul, mx_swiglu_rows
 
 DECODE_MAX_TOKENS = 16  # above this the grouped kernels' tiles win (crossover near 16 in the literature)
 
@@ -65,22 +65,11 @@ def _gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, h_ptr, T, D, INTER,
     expert, first_slot, hit_T, pair_T = _routed(ids_ptr, stride_it, T, j, TOP_K, BLOCK_T, BLOCK_KK)
     if first_slot != j:
         return  # another slot's programs read this expert
-    t_T = tl.arange(0, BLOCK_T).to(tl.int64)
     n_N = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     ok_N = n_N < INTER
-    w_e = w_ptr + expert * stride_we
-    s_e = s_ptr + expert * stride_se
-    acc_gate = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, D, BLOCK_K):
-        k_K = k0 + tl.arange(0, BLOCK_K)
-        x_TK = tl.load(x_ptr + t_T[:, None] * stride_xt + k_K[None, :], mask=hit_T[:, None] & (k_K < D)[None, :],
-                       other=0.0)
-        acc_gate = mx_dot(acc_gate, x_TK, w_e, s_e, n_N, ok_N, k0, D, stride_wn, stride_sn,
-                          BLOCK_T, BLOCK_N, BLOCK_K, False, F32_DOT, False)
-        acc_up = mx_dot(acc_up, x_TK, w_e, s_e, n_N + INTER, ok_N, k0, D, stride_wn, stride_sn,
-                        BLOCK_T, BLOCK_N, BLOCK_K, False, F32_DOT, False)
-    h_TN = acc_gate * tl.sigmoid(acc_gate) * acc_up  # SwiGLU
+    h_TN = mx_swiglu_rows(x_ptr, tl.arange(0, BLOCK_T).to(tl.int64), hit_T, stride_xt, w_ptr + expert * stride_we,
+                          s_ptr + expert * stride_se, n_N, ok_N, D, INTER, stride_wn, stride_sn, BLOCK_T, BLOCK_N,
+                          BLOCK_K, False, F32_DOT, False)
     tl.store(h_ptr + pair_T[:, None] * stride_hp + n_N[None, :], h_TN.to(h_ptr.dtype.element_ty),
              mask=hit_T[:, None] & ok_N[None, :])
 
@@ -96,15 +85,9 @@ def _down_kernel(h_ptr, ids_ptr, weights_ptr, w_ptr, s_ptr, out_ptr, T, D, INTER
         return
     n_N = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     ok_N = n_N < D
-    w_e = w_ptr + expert * stride_we
-    s_e = s_ptr + expert * stride_se
-    acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, INTER, BLOCK_K):
-        k_K = k0 + tl.arange(0, BLOCK_K)
-        h_TK = tl.load(h_ptr + pair_T[:, None] * stride_hp + k_K[None, :],
-                       mask=hit_T[:, None] & (k_K < INTER)[None, :], other=0.0)
-        acc = mx_dot(acc, h_TK, w_e, s_e, n_N, ok_N, k0, INTER, stride_wn, stride_sn,
-                     BLOCK_T, BLOCK_N, BLOCK_K, False, F32_DOT, False)
+    acc = mx_rows_matmul(tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32), h_ptr, pair_T, hit_T, stride_hp,
+                         w_ptr + expert * stride_we, s_ptr + expert * stride_se, n_N, ok_N, INTER, stride_wn,
+                         stride_sn, BLOCK_T, BLOCK_N, BLOCK_K, False, F32_DOT, False)
     # the pair's router weight: weights [T, K] at (t, k) = (pair // K, pair % K)
     weight_T = tl.load(weights_ptr + (pair_T // TOP_K) * stride_wt + pair_T % TOP_K, mask=hit_T, other=0.0)
     acc = acc * weight_T.to(tl.float32)[:, None]

@@ -48,7 +48,7 @@ from kernels.launches import launch
 from kernels.moe_align import moe_align_block_size
 from kernels.moe_decode_triton import DECODE_MAX_TOKENS, fused_moe_mxfp8_decode
 from kernels.mxfp8 import MXFP8Tensor
-from kernels.mxfp8_triton import mx_dot
+from kernels.mxfp8_triton import mx_rows_matmul, mx_swiglu_rows
 
 # ---------------------------------------------------------------- jit helpers
 
@@ -74,19 +74,9 @@ def _gate_up_kernel(x_ptr, w_ptr, s_ptr, h_ptr, sorted_ptr, block_expert_ptr, nu
     token_M = (pair_M // TOP_K).to(tl.int64)
     n_N = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ok_N = n_N < INTER
-    w_e = w_ptr + expert * stride_we
-    s_e = s_ptr + expert * stride_se
-    acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, D, BLOCK_K):
-        k_K = k0 + tl.arange(0, BLOCK_K)
-        x_MK = tl.load(x_ptr + token_M[:, None] * stride_xt + k_K[None, :],
-                       mask=ok_M[:, None] & (k_K < D)[None, :], other=0.0)
-        acc_gate = mx_dot(acc_gate, x_MK, w_e, s_e, n_N, ok_N, k0, D, stride_wn, stride_sn,
-                           BLOCK_M, BLOCK_N, BLOCK_K, DOT_SCALED, F32_DOT, EXACT_CAST)
-        acc_up = mx_dot(acc_up, x_MK, w_e, s_e, n_N + INTER, ok_N, k0, D, stride_wn, stride_sn,
-                         BLOCK_M, BLOCK_N, BLOCK_K, DOT_SCALED, F32_DOT, EXACT_CAST)
-    h_MN = acc_gate * tl.sigmoid(acc_gate) * acc_up  # SwiGLU: silu(gate) * up
+    h_MN = mx_swiglu_rows(x_ptr, token_M, ok_M, stride_xt, w_ptr + expert * stride_we, s_ptr + expert * stride_se,
+                          n_N, ok_N, D, INTER, stride_wn, stride_sn, BLOCK_M, BLOCK_N, BLOCK_K, DOT_SCALED, F32_DOT,
+                          EXACT_CAST)
     tl.store(h_ptr + row_M[:, None] * stride_hm + n_N[None, :], h_MN.to(h_ptr.dtype.element_ty),
              mask=ok_M[:, None] & ok_N[None, :])
 
@@ -107,15 +97,9 @@ def _down_kernel(h_ptr, w_ptr, s_ptr, out_ptr, topk_weight_ptr, sorted_ptr, bloc
     ok_M = pair_M < num_pairs
     n_N = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     ok_N = n_N < D
-    w_e = w_ptr + expert * stride_we
-    s_e = s_ptr + expert * stride_se
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, INTER, BLOCK_K):
-        k_K = k0 + tl.arange(0, BLOCK_K)
-        h_MK = tl.load(h_ptr + row_M[:, None].to(tl.int64) * stride_hm + k_K[None, :],
-                       mask=ok_M[:, None] & (k_K < INTER)[None, :], other=0.0)
-        acc = mx_dot(acc, h_MK, w_e, s_e, n_N, ok_N, k0, INTER, stride_wn, stride_sn,
-                      BLOCK_M, BLOCK_N, BLOCK_K, DOT_SCALED, F32_DOT, EXACT_CAST)
+    acc = mx_rows_matmul(tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32), h_ptr, row_M.to(tl.int64), ok_M, stride_hm,
+                         w_ptr + expert * stride_we, s_ptr + expert * stride_se, n_N, ok_N, INTER, stride_wn,
+                         stride_sn, BLOCK_M, BLOCK_N, BLOCK_K, DOT_SCALED, F32_DOT, EXACT_CAST)
     weight_M = tl.load(topk_weight_ptr + pair_M, mask=ok_M, other=0.0).to(tl.float32)
     acc = acc * weight_M[:, None]
     tl.store(out_ptr + pair_M[:, None].to(tl.int64) * stride_op + n_N[None, :], acc,

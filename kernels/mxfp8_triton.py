@@ -167,6 +167,39 @@ def mx_dot(acc, a, w_ptr, s_ptr, n_N, ok_N, k0, K, stride_wn, stride_sn,
     return acc
 
 
+@triton.jit
+def mx_rows_matmul(acc, a_ptr, rows_M, ok_M, stride_am, w_ptr, s_ptr, n_N, ok_N, K, stride_wn, stride_sn,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_SCALED: tl.constexpr,
+                   F32_DOT: tl.constexpr, EXACT_CAST: tl.constexpr):
+    """acc [M, N] += A[rows_M, :K] @ W[n_N, :K].T (rows where ok_M; W in MXFP8): a whole reduction."""
+    for k0 in range(0, K, BLOCK_K):
+        k_K = k0 + tl.arange(0, BLOCK_K)
+        a_MK = tl.load(a_ptr + rows_M[:, None] * stride_am + k_K[None, :], mask=ok_M[:, None] & (k_K < K)[None, :],
+                       other=0.0)
+        acc = mx_dot(acc, a_MK, w_ptr, s_ptr, n_N, ok_N, k0, K, stride_wn, stride_sn,
+                     BLOCK_M, BLOCK_N, BLOCK_K, DOT_SCALED, F32_DOT, EXACT_CAST)
+    return acc
+
+
+@triton.jit
+def mx_swiglu_rows(x_ptr, rows_M, ok_M, stride_xm, w_ptr, s_ptr, n_N, ok_N, D, INTER, stride_wn, stride_sn,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_SCALED: tl.constexpr,
+                   F32_DOT: tl.constexpr, EXACT_CAST: tl.constexpr):
+    """silu(gate) * up [M, N] for x's rows_M against one expert's w13 [2I, D] (gate rows n_N, up rows
+    I + n_N), both from one load of each x tile."""
+    acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, D, BLOCK_K):
+        k_K = k0 + tl.arange(0, BLOCK_K)
+        x_MK = tl.load(x_ptr + rows_M[:, None] * stride_xm + k_K[None, :], mask=ok_M[:, None] & (k_K < D)[None, :],
+                       other=0.0)
+        acc_gate = mx_dot(acc_gate, x_MK, w_ptr, s_ptr, n_N, ok_N, k0, D, stride_wn, stride_sn,
+                          BLOCK_M, BLOCK_N, BLOCK_K, DOT_SCALED, F32_DOT, EXACT_CAST)
+        acc_up = mx_dot(acc_up, x_MK, w_ptr, s_ptr, n_N + INTER, ok_N, k0, D, stride_wn, stride_sn,
+                        BLOCK_M, BLOCK_N, BLOCK_K, DOT_SCALED, F32_DOT, EXACT_CAST)
+    return acc_gate * tl.sigmoid(acc_gate) * acc_up
+
+
 # ---------------------------------------------------------------- kernels
 
 
