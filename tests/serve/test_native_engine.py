@@ -33,6 +33,17 @@ def generate_all(engine: NativeEngine, prompts: list[list[int]], params: Samplin
     return asyncio.run(main())
 
 
+def routed(engine: NativeEngine, prompts: list[list[int]]) -> list[torch.Tensor]:
+    """Each request's routed experts [T, M, K] (greedy, 20 tokens), as the API returns them."""
+    async def one(p):
+        return [t async for t in engine.generate(p, greedy(20, return_routed_experts=True))][-1].routed_experts
+
+    async def main():
+        return await asyncio.gather(*(one(p) for p in prompts))
+
+    return asyncio.run(main())
+
+
 def prompts(n: int, seed: int = 0, lo: int = 5, hi: int = 80) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(3, 1000) for _ in range(rng.randrange(lo, hi))] for _ in range(n)]
@@ -164,8 +175,10 @@ def test_decode_steps_in_one_kernel_call_match_the_python_layers_to_the_bit(tiny
     assert generate_all(fused, ps, greedy(20)) == generate_all(layered, ps, greedy(20))
     ids = prompts(1, seed=18, lo=40, hi=41)[0]
     assert torch.equal(forced_logits(fused, ids, split=10), forced_logits(layered, ids, split=10))
-    used = fused.runner.routes[:, 0, 0] >= 0  # routing replay: the same experts recorded at the same slots
-    assert used.any() and torch.equal(fused.runner.routes, layered.runner.routes)
+    used = fused.runner.routes[:, 0, 0] >= 0
+    # routing replay: the same experts recorded for every token of every request. Compared per request, not
+    # per cache slot: which slots a request gets depends on when the engine thread saw it arrive
+    assert used.any() and all(torch.equal(a, b) for a, b in zip(routed(fused, ps), routed(layered, ps), strict=True))
 
 
 def test_a_request_joins_a_running_batch(engine):
