@@ -61,6 +61,7 @@ class TokenRecord:
     completion_logprobs: list[float | None]  # one per completion id, under the sampling policy
     policy_version: int | None = None  # composer-serve's weights version (the oldest, if it changed mid-stream)
     routed_experts: dict[str, Any] | None = None  # the MoE experts of each token read (return_routed_experts)
+    numerics: dict[str, Any] | None = None  # composer-serve's serve_dtype and batch_invariant: how they were computed
 
 
 @dataclass
@@ -417,6 +418,7 @@ class _Accumulator:
         msg = choice.get("message") or {}
         # A whole response is one chunk holding everything (token ids and logprobs in the same places).
         self.chunk({"prompt_token_ids": obj.get("prompt_token_ids"), "policy_version": obj.get("policy_version"),
+                    "serve_dtype": obj.get("serve_dtype"), "batch_invariant": obj.get("batch_invariant"),
                     "choices": [{"delta": {"content": msg.get("content"),
                                            "reasoning_content": msg.get("reasoning_content"),
                                            "tool_calls": [dict(tc, index=i) for i, tc in
@@ -508,10 +510,13 @@ class _Tokens:
         self.logprobs: list[float | None] = []
         self.version: int | None = None
         self.routes: dict[str, Any] | None = None
+        self.numerics: dict[str, Any] | None = None
 
     def chunk(self, obj: dict[str, Any]) -> None:
         if obj.get("prompt_token_ids") is not None:
             self.prompt = list(obj["prompt_token_ids"])
+        if isinstance(obj.get("serve_dtype"), str):
+            self.numerics = {"serve_dtype": obj["serve_dtype"], "batch_invariant": bool(obj.get("batch_invariant"))}
         version = obj.get("policy_version")
         if isinstance(version, int):
             # Weights may change mid-stream; the oldest version bounds how stale these tokens are.
@@ -532,7 +537,7 @@ class _Tokens:
                 return None
             # A cut stream may end between a chunk's ids and its logprobs: pad so that they still pair up.
             logprobs = (self.logprobs + [None] * len(self.completion))[: len(self.completion)]
-            return TokenRecord(self.prompt or [], self.completion, logprobs, self.version)
+            return TokenRecord(self.prompt or [], self.completion, logprobs, self.version, numerics=self.numerics)
         missing = [name for name, absent in (("prompt_token_ids", self.prompt is None),
                                              ("completion token_ids", not self.saw_completion)) if absent]
         if missing:
@@ -542,7 +547,7 @@ class _Tokens:
         if len(self.logprobs) != len(self.completion):
             raise ModelError(f"{self.base_url} returned {len(self.logprobs)} logprobs for {len(self.completion)} "
                              "completion token ids; --record-tokens needs one per token", "request")
-        return TokenRecord(self.prompt, self.completion, self.logprobs, self.version, self.routes)
+        return TokenRecord(self.prompt, self.completion, self.logprobs, self.version, self.routes, self.numerics)
 
 
 def routes_from(routes: dict[str, Any], start: int) -> dict[str, Any] | None:

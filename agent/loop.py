@@ -246,6 +246,8 @@ class Agent:
             return {}
         out = {"prompt_token_ids": t.prompt_token_ids, "completion_token_ids": t.completion_token_ids,
                "completion_logprobs": t.completion_logprobs, "policy_version": t.policy_version}
+        if t.numerics is not None:  # serve_dtype, batch_invariant: what the trainer scores these tokens in
+            out |= t.numerics
         if t.routed_experts is not None:
             prev = self._recorded
             start = len(prev) - 1 if prev and t.prompt_token_ids[: len(prev)] == prev else 0

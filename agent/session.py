@@ -8,7 +8,8 @@ Records (one JSON object per line, `type` first):
              sent after those, e.g. the summary prompt), purpose (turn | summary), spec_hash, usage,
              timings, finish_reason, reasoning; with record_tokens also prompt_token_ids,
              completion_token_ids, completion_logprobs (one per id) and policy_version (or null): exactly
-             what the server tokenised and sampled (an interrupted turn: as far as it came)
+             what the server tokenised and sampled (an interrupted turn: as far as it came); and where
+             the server says so (composer-serve), serve_dtype and batch_invariant: how it computed them
   tools      turn, calls: [{id, name, ok, duration_s}]
   segment    segment, summary, tokens_before           the context was summarised; a new segment starts
   resumed    at

@@ -49,7 +49,7 @@ def gaps(model: Path, samples, replay: bool) -> dict:
     from train.trainer import Trainer, TrainerConfig
 
     mxfp8 = read_policy(model).get("experts") == "mxfp8"
-    trainer = Trainer(model, TrainerConfig(mxfp8_experts=mxfp8, replay_routes=replay))
+    trainer = Trainer(model, TrainerConfig(mxfp8_experts=mxfp8, replay_routes=replay, dtype="float32"))
     own: list[torch.Tensor] = []  # the router's own top-k per MoE layer, however the forward then routes
     hooks = [moe.gate.register_forward_hook(lambda m, i, out, k=moe.top_k: own.append(out.softmax(-1).topk(k).indices))
              for moe in trainer.model.moe_layers()]

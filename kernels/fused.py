@@ -45,11 +45,12 @@ _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # ---------------------------------------------------------------- torch references
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, acc: torch.dtype | None = None) -> torch.Tensor:
     """RMSNorm as the model computes it (serve/model/layers.py RMSNorm.forward calls this): the mean
-    square in acc_dtype, the normed x rounded to x's dtype, then times the weight."""
+    square in acc_dtype (or `acc`: float64 in the batch-invariant mode), the normed x rounded to x's
+    dtype, then times the weight."""
     dtype = x.dtype
-    x32 = x.to(acc_dtype(dtype))
+    x32 = x.to(acc or acc_dtype(dtype))
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x32.to(dtype)
 

@@ -82,9 +82,12 @@ class MXFP8Tensor:
 
 def quantize_mxfp8(x: torch.Tensor, block_size: int = BLOCK_SIZE, scale_mode: ScaleMode = "rceil",
                    backend: Backend = "auto") -> tuple[torch.Tensor, torch.Tensor]:
-    """x [..., K] (float32/bfloat16/float16) -> (data float8_e4m3fn [..., K], scales float8_e8m0fnu
-    [..., K // block_size]). Blocks run along the last dim. See the module docstring for the rules."""
-    if not x.is_floating_point() or x.dtype in (torch.float8_e4m3fn, torch.float8_e5m2, torch.float64):
+    """x [..., K] (float32/bfloat16/float16; float64 masters are rounded to float32 first) -> (data
+    float8_e4m3fn [..., K], scales float8_e8m0fnu [..., K // block_size]). Blocks run along the last dim.
+    See the module docstring for the rules."""
+    if x.dtype == torch.float64:
+        x = x.float()
+    if not x.is_floating_point() or x.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
         raise TypeError(f"quantize_mxfp8 takes float32, bfloat16 or float16, not {x.dtype}")
     if scale_mode not in SCALE_MODES:
         raise ValueError(f"scale_mode must be one of {SCALE_MODES}, not {scale_mode!r}")
@@ -100,8 +103,11 @@ def quantize_mxfp8(x: torch.Tensor, block_size: int = BLOCK_SIZE, scale_mode: Sc
 
 def dequantize_mxfp8(data: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16,
                      backend: Backend = "auto") -> torch.Tensor:
-    """(data float8_e4m3fn [..., K], scales E8M0 or uint8 [..., K // b]) -> [..., K] in `dtype`."""
+    """(data float8_e4m3fn [..., K], scales E8M0 or uint8 [..., K // b]) -> [..., K] in `dtype` (float64:
+    the float32 values widened, exactly)."""
     block_size = _check_pair(data, scales)
+    if dtype == torch.float64:
+        return dequantize_mxfp8(data, scales, torch.float32, backend).to(torch.float64)
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise TypeError(f"dequantize_mxfp8 returns float32, bfloat16 or float16, not {dtype}")
     if use_triton(data.device, backend):

@@ -112,6 +112,11 @@ class ServerState:
         except ValueError:
             return self.host == "localhost"
 
+    def numerics(self) -> dict[str, Any]:
+        """What every response carries besides policy_version: the dtype the engine computes in and whether
+        its log-probs are batch-invariant (a trainer scores recorded requests the same way)."""
+        return {"serve_dtype": self.engine.serve_dtype, "batch_invariant": self.engine.batch_invariant}
+
     def response_version(self, versions: list[int | None]) -> int:
         """The policy version of a response: its choices' (all equal: they reach the engine in consecutive
         event-loop steps, so no load command can fall between them), else, if no token came, the current."""
@@ -287,7 +292,7 @@ def create_app(state: ServerState) -> FastAPI:
     def model_card() -> dict[str, Any]:
         return {"id": state.served_name, "object": "model", "created": state.created, "owned_by": "composer",
                 "root": state.model_path, "max_model_len": state.max_model_len,
-                "policy_version": state.engine.policy_version}
+                "policy_version": state.engine.policy_version, **state.numerics()}
 
     completion_responses = {200: {"content": {"application/json": {}, "text/event-stream": {}},
                                   "description": "The completion; with stream: true, server-sent events"},

@@ -12,7 +12,8 @@ parallel_tool_calls=false keeps the first call and stops generating after it.
 Streaming emits content and reasoning deltas as they become certain and each tool call whole, as soon
 as its closing tag arrives. Every body and chunk carries `policy_version`, the version of the weights
 that generated the tokens; it is known once the engine has taken the request, so a stream's first
-chunk (the role) waits for the first token. A stream that fails ends with the error event, without
+chunk (the role) waits for the first token. They also carry `serve_dtype` and `batch_invariant`
+(serve/api.py `numerics`), which the agent records with each request for the trainer. A stream that fails ends with the error event, without
 `[DONE]`, so a client cannot take it for a finished answer.
 """
 
@@ -219,6 +220,7 @@ async def chat_completion(state: ServerState, req: ChatCompletionRequest, reques
     completion = sum(o.completion_tokens for o in outs)
     body: dict[str, Any] = {"id": rid, "object": "chat.completion", "created": created, "model": state.served_name,
                             "policy_version": state.response_version([o.policy_version for o in outs]),
+                            **state.numerics(),
                             "choices": choices,
                             "usage": usage(len(p.prompt_ids), completion, [o.cached_tokens for o in outs], req.n)}
     if req.return_token_ids:
@@ -265,7 +267,8 @@ def usage(prompt: int, completion: int, cached: list[int | None] | None = None, 
 
 async def _stream(state: ServerState, req: ChatCompletionRequest, p: Prepared, rid: str, created: int,
                   include_usage: bool) -> AsyncIterator[bytes]:
-    base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": state.served_name}
+    base = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": state.served_name,
+            **state.numerics()}
 
     def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
         return f"data: {json.dumps(base | {'choices': choices} | extra, ensure_ascii=False)}\n\n".encode()

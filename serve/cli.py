@@ -20,7 +20,7 @@ from pathlib import Path
 BUILTIN_NAME = "composer-tiny"
 # COMPOSER_BUILTIN_MODEL overrides the folder (tests, packagers); composer-agent reads the same variable.
 BUILTIN_DIR = Path(__file__).parent / "builtin" / BUILTIN_NAME
-DTYPES = ("bfloat16", "float32", "float64")
+DTYPES = ("bfloat16", "float16", "float32", "float64")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--no-prefix-caching", action="store_true", help="do not reuse cached prompt prefixes")
     n.add_argument("--enforce-eager", action="store_true",
                    help="run decode steps eagerly instead of replaying CUDA graphs (GPU)")
+    n.add_argument("--batch-invariant", action="store_true",
+                   help="a sequence's logits do not depend on the rest of the batch, on chunked prefill or on the "
+                        "prefill/decode split: its log-probs are a function of its token ids, which composer-train "
+                        "reproduces bit for bit (float64 sums on the torch paths: slower)")
     n.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
                    help="auto: the checkpoint's weights (default); dummy: random weights made on the device from "
                         "config.json alone, for measuring speed at a model's shape (the folder still needs its "
@@ -102,6 +106,8 @@ def _main(argv: list[str] | None = None) -> int:
         parser.error("--stream-interval must be >= 1")
     if args.load_format == "dummy" and args.engine != "native":  # the others would load the real weights
         parser.error("--load-format dummy needs --engine native")
+    if args.batch_invariant and args.engine != "native":
+        parser.error("--batch-invariant needs --engine native")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     model_dir = Path(args.model)
     if not (model_dir / "config.json").is_file():
@@ -197,7 +203,8 @@ def _local_engine(args, model_dir: Path):
     config = EngineConfig(dtype=args.dtype, quant=args.quant, max_model_len=args.max_model_len,
                           max_num_seqs=args.max_num_seqs, max_batched_tokens=args.max_batched_tokens,
                           kv_cache_tokens=args.kv_cache_tokens, prefix_caching=not args.no_prefix_caching,
-                          enforce_eager=args.enforce_eager, load_format=args.load_format)
+                          enforce_eager=args.enforce_eager, load_format=args.load_format,
+                          batch_invariant=args.batch_invariant)
     engine = NativeEngine(str(model_dir), config)
     return engine, engine.describe()
 

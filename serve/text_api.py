@@ -45,7 +45,8 @@ def prepare(state: ServerState, req: CompletionRequest) -> list[tuple[int, list[
 async def text_completion(state: ServerState, req: CompletionRequest, request: Request):
     jobs = await state.offload(prepare, state, req)
     rid, created = request_id("cmpl"), int(time.time())
-    base = {"id": rid, "object": "text_completion", "created": created, "model": state.served_name}
+    base = {"id": rid, "object": "text_completion", "created": created, "model": state.served_name,
+            **state.numerics()}
     prompt_tokens = sum(len(ids) for _, ids, _, _ in jobs) // req.n
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)

@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     rl.add_argument("--advantage", choices=["grpo", "rloo"], default="grpo")
     rl.add_argument("--aggregation", choices=["token_sum", "token_mean", "seq_mean"], default="token_sum")
     rl.add_argument("--no-mxfp8", action="store_true", help="train and save experts in full precision")
+    _numerics_flags(rl)
     rl.add_argument("--config", help="TOML with [loss] and [reward] tables (fields of LossConfig, RewardConfig)")
     rl.add_argument("--base-url", action="append", help="sample from this server instead of launching composer-serve "
                     "(it must support /v1/load_weights and see the run folder); repeat for several servers: "
@@ -63,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     sft.add_argument("--lr", type=float, default=1e-4)
     sft.add_argument("--seed", type=int, default=0)
     sft.add_argument("--no-mxfp8", action="store_true")
+    _numerics_flags(sft)
 
     exp = sub.add_parser("expert-data", help="record the scripted expert solving a suite, token-exact for a model")
     exp.add_argument("suite", help="a synthetic suite name or tasks JSONL with generator tasks")
@@ -136,7 +138,19 @@ def build_parser() -> argparse.ArgumentParser:
     chk.add_argument("--tolerance", type=float, default=1e-3, help="largest acceptable log-prob gap (default 1e-3)")
     chk.add_argument("--no-mxfp8", action="store_true", help="the server ran full-precision experts")
     chk.add_argument("--json", action="store_true", help="print the report as JSON")
+    chk.add_argument("--dtype", choices=DTYPES, help="score in this dtype (default: what the session's requests "
+                     "say they were served in, else as the trainer's default)")
     return p
+
+
+def _numerics_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dtype", choices=DTYPES, help="what the forward computes in (default: the checkpoint's "
+                   "serve_dtype, else bfloat16 on a GPU and float32 on a CPU); a server the run launches serves in it")
+    p.add_argument("--batch-invariant", action="store_true", help="batch-invariant numerics, trainer and launched "
+                   "server both (composer-serve --batch-invariant): log-probs equal bit for bit")
+
+
+DTYPES = ("bfloat16", "float16", "float32", "float64")  # train/trainer.py's; not imported: keeps --help light
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -173,7 +187,8 @@ def _rl(args) -> int:
                    max_staleness=args.max_staleness, workers=args.workers, seed=args.seed,
                    save_every=args.save_every, temperature=args.temperature, max_output_tokens=args.max_output_tokens,
                    backend=args.backend, vary_environment=args.vary_environment)
-    trainer = TrainerConfig(lr=args.lr, seed=args.seed, mxfp8_experts=not args.no_mxfp8)
+    trainer = TrainerConfig(lr=args.lr, seed=args.seed, mxfp8_experts=not args.no_mxfp8, dtype=args.dtype,
+                            batch_invariant=args.batch_invariant)
     leader = None
     if args.fsdp:
         from train.distributed.fsdp import FSDPTrainer, Leader, follow, init_process_group
@@ -229,7 +244,8 @@ def _sft(args) -> int:
                for s in build_samples(load(f), chat=chat, spec_hash=spec_hash)]
     if not samples:
         raise ValueError("the sessions hold no sampled tokens to train on")
-    trainer = Trainer(model, TrainerConfig(lr=args.lr, seed=args.seed, mxfp8_experts=not args.no_mxfp8))
+    trainer = Trainer(model, TrainerConfig(lr=args.lr, seed=args.seed, mxfp8_experts=not args.no_mxfp8,
+                                           dtype=args.dtype, batch_invariant=args.batch_invariant))
     rng = random.Random(args.seed)
     steps = args.epochs * -(-len(samples) // args.batch)
     progress = Progress(steps, label="sft step")
@@ -277,7 +293,7 @@ def _check(args) -> int:
     from agent.session import load
     from serve.chat_format import ChatFormat
     from train.checkpoint import read_policy
-    from train.samples import TrajectoryError, build_samples
+    from train.samples import TrajectoryError, build_samples, served_numerics
     from train.trainer import Trainer, TrainerConfig
 
     model = _model_dir(args.model)
@@ -303,7 +319,11 @@ def _check(args) -> int:
     if samples:
         import torch
 
-        trainer = Trainer(model, TrainerConfig(mxfp8_experts=not args.no_mxfp8))
+        dtype, invariant = served_numerics(data)
+        trainer = Trainer(model, TrainerConfig(mxfp8_experts=not args.no_mxfp8, dtype=args.dtype or dtype,
+                                               batch_invariant=invariant))
+        report |= {"served_dtype": dtype, "batch_invariant": invariant,
+                   "scored_dtype": str(trainer.dtype).removeprefix("torch.")}
         gaps = []
         for s, lp in zip(samples, trainer.logprobs(samples), strict=True):
             m = torch.tensor(s.mask[1:]) > 0

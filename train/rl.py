@@ -58,8 +58,9 @@ class RLConfig:
     temperature: float = 1.0
     max_output_tokens: int = 256
     """max_tokens of each model request."""
-    server_args: list[str] = field(default_factory=lambda: ["--dtype", "float32"])
-    """Extra composer-serve flags when the run launches its own server."""
+    server_args: list[str] = field(default_factory=list)
+    """Extra composer-serve flags when the run launches its own server (which always gets the trainer's
+    --dtype, and --batch-invariant when the trainer has it: it serves what the trainer computes)."""
     vary_environment: bool = False
     """Each episode in another folder shape, git state and date (train/rollout.py)."""
     backend: str = "threads"
@@ -198,6 +199,12 @@ def latest_checkpoint(out: Path) -> Path | None:
     return ckpts[-1] if ckpts else None
 
 
+def serve_numerics(trainer: Trainer) -> list[str]:
+    """composer-serve flags that compute what the trainer computes: its dtype, its batch-invariance."""
+    return ["--dtype", str(trainer.dtype).removeprefix("torch.")] + (
+        ["--batch-invariant"] if trainer.config.batch_invariant else [])
+
+
 def run(model_dir: str | Path, tasks: list[Task], out: str | Path, cfg: RLConfig, *,
         trainer_cfg: TrainerConfig | None = None, loss: LossConfig | None = None,
         reward: RewardConfig | None = None, resume: bool = False, base_url: str | list[str] | None = None,
@@ -238,7 +245,8 @@ def run(model_dir: str | Path, tasks: list[Task], out: str | Path, cfg: RLConfig
         server = ServerPool.from_urls(urls, served_name, api_key)
     else:
         server = (Server(urls[0], served_name, api_key) if urls
-                  else launch(serve_from, *cfg.server_args, name=served_name, log_path=out / "server.log",
+                  else launch(serve_from, *serve_numerics(trainer), *cfg.server_args, name=served_name,
+                              log_path=out / "server.log",
                               threads=share))
     if base_url and server.version() != trainer.policy_version:
         server.load_weights(serve_from, trainer.policy_version)

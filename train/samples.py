@@ -137,6 +137,15 @@ def failed_turns(data: SessionData) -> set[int]:
     return out
 
 
+def served_numerics(data: SessionData) -> tuple[str | None, bool]:
+    """(serve_dtype, batch_invariant) the session's token requests were computed with (composer-serve says
+    so in every response; None, False where a server did not). Mixed within one session: TrajectoryError."""
+    seen = {(r.get("serve_dtype"), bool(r.get("batch_invariant"))) for r, _ in token_requests(data)}
+    if len(seen) > 1:
+        raise TrajectoryError(f"session {data.meta.get('id')}: requests served in different numerics {sorted(seen, key=str)}")
+    return seen.pop() if seen else (None, False)
+
+
 def build_samples(data: SessionData, *, chat=None, spec_hash: str | None = None,
                   train_failed: bool = True) -> list[Sample]:
     """The episode's segments as samples (see the module docstring). `train_failed=False` (imitation

@@ -8,7 +8,13 @@ measures that agreement on the samples made by the current weights (`logprob_gap
 
 Gradient accumulation: a step's samples are cut into micro-batches of at most `micro_batch_tokens`
 padded tokens; each micro-batch's loss is scaled so that the sum equals the loss of the whole batch.
-AdamW on fp32 masters; on a GPU the forward runs under bf16 autocast.
+
+Precision follows the server (`TrainerConfig.dtype`): AdamW keeps float32 masters, and the forward runs in
+the dtype the checkpoint is served in, on copies of the masters in that dtype (exactly the values a saved
+checkpoint serves: composer-serve rounds the same float32 to the same bfloat16), with the model's own
+rounding points, not autocast's; MXFP8 experts are quantized from the float32 masters, as saved. With
+`batch_invariant` the forward uses the server's batch-invariant numerics (serve/model/numerics.py), and its
+log-probs equal those of a `composer-serve --batch-invariant` run in the same dtype bit for bit.
 
 Limits: logits are materialised for a whole micro-batch ([B, L, V] float32): fine for small vocabularies,
 chunk them before training a 150k-vocabulary model on long contexts.
@@ -30,7 +36,6 @@ import copy
 import math
 import re
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -67,6 +72,12 @@ class TrainerConfig:
     """Seeds torch's RNG at start-up."""
     replay_routes: bool = True
     """Route each token to the experts the server used for it, where the sample says (routing replay)."""
+    dtype: str | None = None
+    """What the forward computes in: bfloat16, float16, float32 or float64. Default: what the checkpoint is
+    served in (`serve_dtype` in composer_policy.json), else as composer-serve's --dtype auto (bfloat16 on a
+    GPU, float32 on a CPU). Masters and AdamW state are float32 (float64 for a float64 forward)."""
+    batch_invariant: bool = False
+    """Score with batch-invariant numerics (serve/model/numerics.py), as `composer-serve --batch-invariant`."""
     train_only: tuple[str, ...] = ()
     """Regular expressions of parameter names (`re.search`); when given, every other parameter is frozen.
     RL learns a few bits per episode (one reward), which few parameters can hold; Adam moves every
@@ -76,6 +87,19 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         if self.lr <= 0 or self.micro_batch_tokens < 1 or self.grad_clip < 0 or not self.eps > 0:
             raise ValueError("lr, eps and micro_batch_tokens must be positive and grad_clip >= 0")
+        if self.dtype not in (None, *DTYPES):
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
+
+
+DTYPES = ("bfloat16", "float16", "float32", "float64")
+
+
+def compute_dtype(model_dir: str | Path, dtype: str | None, device: torch.device) -> torch.dtype:
+    """TrainerConfig.dtype resolved: as given, else the checkpoint's serve_dtype, else as composer-serve's auto."""
+    from serve.engine.hf import resolve_dtype
+    from serve.engine.weights import read_serve_dtype
+
+    return resolve_dtype(dtype or read_serve_dtype(model_dir, DTYPES) or "auto", device.type)
 
 
 def micro_batches(samples: list[Sample], budget: int) -> list[list[int]]:
@@ -125,6 +149,17 @@ def pad_routes(samples: list[Sample], device: torch.device) -> torch.Tensor | No
     return out.to(device)
 
 
+class _Apply(torch.nn.Module):
+    """fn(model) as a module's forward, so torch.func.functional_call can swap the model's weights for it."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, fn):
+        return fn(self.model)
+
+
 class Trainer:
     def __init__(self, model_dir: str | Path, config: TrainerConfig | None = None,
                  loss: LossConfig | None = None):
@@ -133,8 +168,11 @@ class Trainer:
         self.base_dir = Path(model_dir)
         self.device = torch.device(c.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         torch.manual_seed(c.seed)
-        self.model = load_model(model_dir, device=self.device, dtype=torch.float32, quant="none")
+        self.dtype = compute_dtype(model_dir, c.dtype, self.device)
+        master = torch.float64 if self.dtype == torch.float64 else torch.float32
+        self.model = load_model(model_dir, device=self.device, dtype=master, quant="none")
         self.model.to_training(c.mxfp8_experts)
+        self.model.set_batch_invariant(c.batch_invariant)
         if c.train_only:
             for name, p in self.model.named_parameters():
                 p.requires_grad_(any(re.search(pat, name) for pat in c.train_only))
@@ -162,30 +200,29 @@ class Trainer:
         small model whose trained (sampled) tokens are a fraction of each sequence. `routes_BLMK`: the
         experts to replay (pad_routes). `model`: another model of the same shape (the KL reference)."""
         m = self.model if model is None else model
-        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" else nullcontext()
         if not self.config.replay_routes:
             routes_BLMK = None
         if mask_BL is None:
-            with autocast:
-                logits_BLV = m.forward_train(ids_BL, routes_BLMK)
+            logits_BLV = self._in_compute_dtype(m, lambda mm: mm.forward_train(ids_BL, routes_BLMK))
             logp_BTV = F.log_softmax(logits_BLV[:, :-1].float(), dim=-1)
             return logp_BTV.gather(-1, ids_BL[:, 1:, None]).squeeze(-1)
         sel_BT = mask_BL[:, 1:] > 0
-        with autocast:
-            h_NC = self._hidden(m, ids_BL, routes_BLMK)[:, :-1][sel_BT]
-            logits_NV = F.linear(h_NC, m.embed_tokens.weight) if m.lm_head is None else m.lm_head(h_NC)
+        logits_NV = self._in_compute_dtype(
+            m, lambda mm: mm.logits(mm.hidden_train(ids_BL, routes_BLMK)[:, :-1][sel_BT]))
         logp_NV = F.log_softmax(logits_NV.float(), dim=-1)
         lp_N = logp_NV.gather(-1, ids_BL[:, 1:][sel_BT][:, None]).squeeze(-1)
         return torch.zeros(sel_BT.shape, dtype=lp_N.dtype, device=lp_N.device).masked_scatter(sel_BT, lp_N)
 
-    @staticmethod
-    def _hidden(m, ids_BL: torch.Tensor, routes_BLMK: torch.Tensor | None = None) -> torch.Tensor:
-        """Qwen3MoeModel.forward_train up to the final norm (the same operations, without the LM head)."""
-        x_BLD = m.embed_tokens(ids_BL)
-        cos_LC, sin_LC = m.cos_sin(torch.arange(ids_BL.shape[1], device=ids_BL.device), x_BLD.dtype)
-        for layer in m.layers:
-            x_BLD = layer.forward_dense(x_BLD, cos_LC, sin_LC, routes_BLMK)
-        return m.norm(x_BLD)
+    cast_weights = True  # copies of the masters in the compute dtype for each forward (FSDP: its own policy)
+
+    def _in_compute_dtype(self, m: torch.nn.Module, fn):
+        """fn(m) with m's parameters replaced by differentiable copies in the compute dtype (gradients
+        reach the masters), except MXFP8 experts' masters, which their forward quantizes itself."""
+        if not self.cast_weights or m.embed_tokens.weight.dtype == self.dtype:
+            return fn(m)
+        keep = {id(w) for moe in m.moe_layers() if moe.train_mxfp8 for w in (moe.w13, moe.w2)}
+        weights = {f"model.{name}": p if id(p) in keep else p.to(self.dtype) for name, p in m.named_parameters()}
+        return torch.func.functional_call(_Apply(m), weights, (fn,), strict=False, tie_weights=True)
 
     @torch.no_grad()
     def logprobs(self, samples: list[Sample]) -> list[torch.Tensor]:

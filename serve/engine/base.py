@@ -71,6 +71,11 @@ class Engine(ABC):
     max_model_len: int
     policy_version: int = 0
     """The version of the weights serving now (serve/engine/weights.py)."""
+    serve_dtype: str | None = None
+    """The dtype weights and activations are computed in ("bfloat16", ...; None: unknown, e.g. a proxy).
+    /v1/models and every response say it, so a trainer scores a recorded request in what served it."""
+    batch_invariant: bool = False
+    """Whether a sequence's log-probs are a function of its token ids (serve/model/numerics.py)."""
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         pass

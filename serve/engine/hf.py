@@ -67,6 +67,7 @@ class HFEngine(Engine):
 
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.torch_dtype = resolve_dtype(dtype, self.device)
+        self.serve_dtype = str(self.torch_dtype).removeprefix("torch.")
         config = AutoConfig.from_pretrained(model_dir)
         self.max_model_len = max_model_len or getattr(config, "max_position_embeddings", 4096)
         self.policy_version = read_policy_version(model_dir) or 0

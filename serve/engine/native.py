@@ -92,6 +92,11 @@ class EngineConfig:
     load_format: str = "auto"
     """auto: the checkpoint's weights; dummy: random weights made on the device from the checkpoint's
     config.json alone (vLLM's --load-format dummy), for measuring speed at a full model's shape."""
+    batch_invariant: bool = False
+    """Batch-invariant numerics (serve/model/numerics.py): a sequence's logits do not depend on the rest of
+    the batch, on chunked prefill or on the prefill/decode split, so its log-probs are a function of its
+    token ids and the trainer reproduces them bit for bit. Runs the torch paths in float64 sums (no C++
+    kernels, no oneDNN packing, no static decode step): slower; bench/train_serve_gap.py measures it."""
 
     def __post_init__(self) -> None:
         if self.quant not in ("auto", "none", "mxfp8"):
@@ -112,6 +117,8 @@ class NativeEngine(Engine):
         c = self.config = config or EngineConfig()
         self.device = torch.device(c.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.dtype = resolve_dtype(c.dtype, self.device.type)
+        self.serve_dtype = str(self.dtype).removeprefix("torch.")
+        self.batch_invariant = c.batch_invariant
         self.quant = c.quant if c.quant != "auto" else ("mxfp8" if self.device.type == "cuda" else "none")
         self._inbox: queue.Queue = queue.Queue()
         self._reload: Reload | None = None  # the load waiting for the running sequences to finish
@@ -138,11 +145,11 @@ class NativeEngine(Engine):
         else:
             self.model = load_model(model_dir, device=self.device, dtype=self.dtype, quant=self.quant)
         # float64 (served so that greedy output is the same on every CPU) runs torch's paths: the C++
-        # kernels accumulate in float32
-        self.kernels_wanted = self.device.type == "cpu" and c.cpu_kernels and self.dtype != torch.float64
+        # kernels accumulate in float32 and take bfloat16 or float32; batch-invariant numerics too
+        self.kernels_wanted = (self.device.type == "cpu" and c.cpu_kernels and not c.batch_invariant
+                               and self.dtype in (torch.bfloat16, torch.float32))
         self.cpu_kernels = cpu_ext.load() if self.kernels_wanted else None
-        cpu = self.device.type == "cpu" and c.cpu_pack
-        self.packing = self.model.pack_for_cpu(cpu_kernels=self.cpu_kernels) if cpu else ""
+        self.packing = self._prepare(self.model)
         self.policy_version = read_policy_version(model_dir) or 0
         self.max_model_len = c.max_model_len or self.model.cfg.max_position_embeddings
         per_token = ModelRunner.kv_bytes_per_token(self.model, self.dtype)
@@ -156,10 +163,23 @@ class NativeEngine(Engine):
         self.blocks = BlockManager(num_blocks, c.block_size, c.prefix_caching)
         self.scheduler = Scheduler(self.blocks, c.max_num_seqs, c.max_batched_tokens)
         static = c.static_decode if c.static_decode is not None else self.device.type == "cuda"
+        if c.batch_invariant and c.static_decode:
+            raise ValueError("the static decode step has no batch-invariant kernels: leave static_decode unset")
+        static = static and not c.batch_invariant
         self.runner = ModelRunner(self.model, num_blocks, c.block_size, self.device, self.dtype, self.cpu_kernels,
                                   StaticConfig(c.max_num_seqs, self.max_model_len, graphs=not c.enforce_eager)
                                   if static else None)
         self.kv_cache_bytes = num_blocks * c.block_size * per_token
+
+    def _prepare(self, model) -> str:
+        """What every loaded model gets before it serves: batch-invariant numerics, or (on a CPU) the packed
+        layouts of pack_for_cpu. Returns what packing did."""
+        if self.config.batch_invariant:
+            model.set_batch_invariant()
+            return "batch-invariant numerics (float64 sums, torch paths)"
+        if self.device.type == "cpu" and self.config.cpu_pack:
+            return model.pack_for_cpu(cpu_kernels=self.cpu_kernels)
+        return ""
 
     def _default_kv_tokens(self, per_token: int) -> int:
         if self.device.type == "cuda":
@@ -354,8 +374,7 @@ class NativeEngine(Engine):
                 model = load_model(cmd.path, device=self.device, dtype=self.dtype, quant=self.quant)
             except Exception as e:  # noqa: BLE001 - any failure to read it is the caller's checkpoint's
                 raise WeightLoadError(f"cannot load {cmd.path}: {type(e).__name__}: {e}") from None
-            if self.device.type == "cpu" and self.config.cpu_pack:
-                model.pack_for_cpu(cpu_kernels=self.cpu_kernels)
+            self._prepare(model)
             self.blocks.reset_prefix_cache()  # before the swap: if it refused, nothing would have changed
             old, self.model = self.model, model
             self.runner.set_model(model)

@@ -22,7 +22,9 @@ from torch import nn
 from kernels.fused import apply_rope as apply_rope  # the model's rotary: kernels keep its one definition
 from kernels.fused import rms_norm
 from kernels.moe_reference import acc_dtype
+from serve.model import numerics
 from serve.model.config import ModelConfig
+from serve.model.numerics import WIDE
 
 
 class RMSNorm(nn.Module):
@@ -30,9 +32,10 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
+        self.exact = False  # batch-invariant numerics (serve/model/numerics.py): the mean square in float64
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
+        return rms_norm(x, self.weight, self.eps, WIDE if self.exact else None)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
@@ -78,8 +81,12 @@ class Rotary:
         inv, self.scaling = rope_inv_freq(cfg)
         self.inv_freq = inv.to(device)
 
-    def cos_sin(self, positions_T: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        acc = acc_dtype(dtype)
+    def cos_sin(self, positions_T: torch.Tensor, dtype: torch.dtype,
+                acc: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [T, C] in `dtype`, computed in `acc` (default acc_dtype): a position's values must not
+        depend on where in the tensor it sits (vectorised and scalar cos differ in the last float32 bit),
+        so the batch-invariant mode passes float64."""
+        acc = acc or acc_dtype(dtype)
         freqs_TC2 = positions_T.to(acc)[:, None] * self.inv_freq.to(acc)[None, :]
         emb_TC = torch.cat([freqs_TC2, freqs_TC2], dim=-1)
         return (emb_TC.cos() * self.scaling).to(dtype), (emb_TC.sin() * self.scaling).to(dtype)
@@ -111,9 +118,9 @@ class AttnMeta:
 
 
 def paged_attention(q_THC: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttnMeta,
-                    num_kv_heads: int) -> torch.Tensor:
-    """q [T, H, C] against the cache ([slots, G, C] each); returns [T, H, C]."""
-    gqa = q_THC.shape[1] != num_kv_heads
+                    num_kv_heads: int, exact: bool = False) -> torch.Tensor:
+    """q [T, H, C] against the cache ([slots, G, C] each); returns [T, H, C]. `exact`: batch-invariant
+    numerics (serve/model/numerics.py; the torch decode path, not the C++ kernel)."""
     T = q_THC.shape[0]
     # Gathers use index_select, not advanced indexing: on a CPU `cache[slots_BL]` is ~9x slower for the
     # same rows (a decode step at batch 8 spent ~12% of its time there).
@@ -121,7 +128,7 @@ def paged_attention(q_THC: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         B = meta.decode_rows_B.shape[0]
         only_decode = not meta.prefill and B == T  # every row decodes, in order: no gather or scatter of q
         q_BHC = q_THC if only_decode else q_THC.index_select(0, meta.decode_rows_B)
-        if meta.cpu_kernels is not None:  # CPU: read each sequence's pages in place
+        if meta.cpu_kernels is not None and not exact:  # CPU: read each sequence's pages in place
             o_BHC = meta.cpu_kernels.paged_decode_attention(q_BHC, k_cache, v_cache, meta.decode_tables_BN,
                                                               meta.decode_lens_B, meta.block_size,
                                                               q_BHC.shape[-1] ** -0.5)
@@ -130,8 +137,10 @@ def paged_attention(q_THC: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
             flat = meta.decode_slots_BL.reshape(-1)
             k_BGLC = k_cache.index_select(0, flat).view(B, L, num_kv_heads, -1).permute(0, 2, 1, 3)
             v_BGLC = v_cache.index_select(0, flat).view(B, L, num_kv_heads, -1).permute(0, 2, 1, 3)
-            o_BHC = F.scaled_dot_product_attention(q_BHC.unsqueeze(2), k_BGLC, v_BGLC,
-                                                   attn_mask=meta.decode_mask_B1L[:, None], enable_gqa=gqa).squeeze(2)
+            if exact:
+                o_BHC = numerics.attention(q_BHC.unsqueeze(2), k_BGLC, v_BGLC, meta.decode_mask_B1L).squeeze(2)
+            else:
+                o_BHC = attention(q_BHC.unsqueeze(2), k_BGLC, v_BGLC, meta.decode_mask_B1L[:, None]).squeeze(2)
         if only_decode:
             return o_BHC
     out_THC = torch.empty_like(q_THC)
@@ -141,21 +150,31 @@ def paged_attention(q_THC: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         q_HQC = q_THC[s.start : s.start + s.q_len].transpose(0, 1)
         k_GLC = k_cache.index_select(0, s.slots_L).transpose(0, 1)
         v_GLC = v_cache.index_select(0, s.slots_L).transpose(0, 1)
-        cached = s.ctx_len - s.q_len
-        mask_QL = None
-        if cached:  # new tokens after a cached prefix (or an earlier chunk): causal, offset by `cached`
-            rows = torch.arange(s.q_len, device=q_THC.device)[:, None] + cached
-            mask_QL = torch.arange(s.ctx_len, device=q_THC.device)[None, :] <= rows
-        if q_THC.device.type == "cpu":
-            # torch's CPU flash kernel takes [B, H, L, C], a mask, and no enable_gqa (else SDPA falls back
-            # to its math path, which materialises [H, Q, L] scores: a 283-token turn after 1,968 cached
-            # tokens spent ~15 of its ~19 ms per layer there; flash takes under half): kv heads repeated for it
-            rep = q_HQC.shape[0] // k_GLC.shape[0]
-            o = F.scaled_dot_product_attention(q_HQC[None], k_GLC.repeat_interleave(rep, 0)[None],
-                                               v_GLC.repeat_interleave(rep, 0)[None], attn_mask=mask_QL,
-                                               is_causal=mask_QL is None)[0]
+        if exact:
+            o = numerics.attention(q_HQC[None], k_GLC[None], v_GLC[None],
+                                   numerics.causal(s.q_len, s.ctx_len, q_THC.device))[0]
         else:
-            o = F.scaled_dot_product_attention(q_HQC, k_GLC, v_GLC, attn_mask=mask_QL, is_causal=mask_QL is None,
-                                               enable_gqa=gqa)
+            cached = s.ctx_len - s.q_len  # new tokens after a cached prefix (or an earlier chunk): causal, offset
+            o = attention(q_HQC[None], k_GLC[None], v_GLC[None],
+                          numerics.causal(s.q_len, s.ctx_len, q_THC.device)[0] if cached else None)[0]
         out_THC[s.start : s.start + s.q_len] = o.transpose(0, 1)
     return out_THC
+
+
+def attention(q_BHQC: torch.Tensor, k_BGLC: torch.Tensor, v_BGLC: torch.Tensor,
+              mask_BQL: torch.Tensor | None = None) -> torch.Tensor:
+    """SDPA of queries [B, H, Q, C] over keys [B, G, L, C]: causal (None) or where the bool mask allows
+    ([Q, L] or [B, 1, Q, L]: the CPU flash kernel takes no other shape). The server's decode rows, its prefill chunks and the trainer's whole sequences
+    all call this, so they take the same kernel (and sum in float32; SDPA's math path would round the
+    scores to the model's dtype)."""
+    if q_BHQC.device.type == "cpu":
+        # torch's CPU flash kernel takes [B, H, L, C], a mask, and no enable_gqa (else SDPA falls back to
+        # its math path, which materialises [H, Q, L] scores in the model's dtype: a 283-token turn after
+        # 1,968 cached tokens spent ~15 of its ~19 ms per layer there; flash takes under half, and sums in
+        # float32): kv heads repeated for it
+        rep = q_BHQC.shape[1] // k_BGLC.shape[1]
+        if rep > 1:
+            k_BGLC, v_BGLC = k_BGLC.repeat_interleave(rep, 1), v_BGLC.repeat_interleave(rep, 1)
+        return F.scaled_dot_product_attention(q_BHQC, k_BGLC, v_BGLC, attn_mask=mask_BQL, is_causal=mask_BQL is None)
+    return F.scaled_dot_product_attention(q_BHQC, k_BGLC, v_BGLC, attn_mask=mask_BQL, is_causal=mask_BQL is None,
+                                          enable_gqa=q_BHQC.shape[1] != k_BGLC.shape[1])

@@ -25,9 +25,11 @@ from torch import nn
 from kernels import MXFP8Tensor, cpu_pack, moe_forward
 from kernels.moe import block_experts, blocked
 from kernels.moe_reference import acc_dtype
-from kernels.mxfp8_linear import mxfp8_moe
+from kernels.mxfp8_linear import fake_quantize_mxfp8, mxfp8_moe
+from serve.model import numerics
 from serve.model.config import ModelConfig
-from serve.model.layers import AttnMeta, RMSNorm, Rotary, apply_rope, paged_attention
+from serve.model.layers import AttnMeta, RMSNorm, Rotary, apply_rope, attention, paged_attention
+from serve.model.numerics import WIDE, proj
 
 
 class Attention(nn.Module):
@@ -42,6 +44,7 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.c, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.c, cfg.rms_norm_eps)
         self.qkv_proj: nn.Linear | None = None  # see fuse_qkv
+        self.exact = False  # batch-invariant numerics (serve/model/numerics.py)
 
     def fuse_qkv(self) -> None:
         """Inference only: q, k and v projections as one linear layer (two fewer matmuls per layer and
@@ -69,27 +72,29 @@ class Attention(nn.Module):
         if self.qkv_proj is not None:  # inference on a CPU: one matmul for q, k and v
             q_TN, k_TN, v_TN = self.qkv_proj(x_TD).split([self.h * self.c, self.g * self.c, self.g * self.c], dim=-1)
         else:
-            q_TN, k_TN, v_TN = self.q_proj(x_TD), self.k_proj(x_TD), self.v_proj(x_TD)
+            q_TN, k_TN, v_TN = (proj(m, x_TD, self.exact) for m in (self.q_proj, self.k_proj, self.v_proj))
         q_THC = self.q_norm(q_TN.reshape(T, self.h, self.c))
         k_TGC = self.k_norm(k_TN.reshape(T, self.g, self.c))
         v_TGC = v_TN.reshape(T, self.g, self.c)
         q_THC, k_TGC = apply_rope(q_THC, cos_TC, sin_TC), apply_rope(k_TGC, cos_TC, sin_TC)
         k_cache.index_copy_(0, meta.slot_mapping_T, k_TGC.to(k_cache.dtype))
         v_cache.index_copy_(0, meta.slot_mapping_T, v_TGC.to(v_cache.dtype))
-        o_THC = paged_attention(q_THC, k_cache, v_cache, meta, self.g)
-        return self.o_proj(o_THC.reshape(T, self.h * self.c))
+        o_THC = paged_attention(q_THC, k_cache, v_cache, meta, self.g, self.exact)
+        return proj(self.o_proj, o_THC.reshape(T, self.h * self.c), self.exact)
 
     def forward_dense(self, x_BLD: torch.Tensor, cos_LC: torch.Tensor, sin_LC: torch.Tensor) -> torch.Tensor:
         """Causal self-attention over whole right-padded sequences (no cache): the training forward."""
         B, L, _ = x_BLD.shape
-        q_BLHC = self.q_norm(self.q_proj(x_BLD).view(B, L, self.h, self.c))
-        k_BLGC = self.k_norm(self.k_proj(x_BLD).view(B, L, self.g, self.c))
-        v_BLGC = self.v_proj(x_BLD).view(B, L, self.g, self.c)
+        q_BLHC = self.q_norm(proj(self.q_proj, x_BLD, self.exact).view(B, L, self.h, self.c))
+        k_BLGC = self.k_norm(proj(self.k_proj, x_BLD, self.exact).view(B, L, self.g, self.c))
+        v_BLGC = proj(self.v_proj, x_BLD, self.exact).view(B, L, self.g, self.c)
         q_BLHC, k_BLGC = apply_rope(q_BLHC, cos_LC, sin_LC), apply_rope(k_BLGC, cos_LC, sin_LC)
-        o_BHLC = F.scaled_dot_product_attention(q_BLHC.transpose(1, 2), k_BLGC.transpose(1, 2),
-                                                v_BLGC.transpose(1, 2), is_causal=True,
-                                                enable_gqa=self.h != self.g)
-        return self.o_proj(o_BHLC.transpose(1, 2).reshape(B, L, self.h * self.c))
+        q_BHLC, k_BGLC, v_BGLC = q_BLHC.transpose(1, 2), k_BLGC.transpose(1, 2), v_BLGC.transpose(1, 2)
+        if self.exact:
+            o_BHLC = numerics.attention(q_BHLC, k_BGLC, v_BGLC, numerics.causal(L, L, x_BLD.device))
+        else:  # the kernel the server's prefill takes
+            o_BHLC = attention(q_BHLC, k_BGLC, v_BGLC)
+        return proj(self.o_proj, o_BHLC.transpose(1, 2).reshape(B, L, self.h * self.c), self.exact)
 
 
 class DenseMLP(nn.Module):
@@ -98,8 +103,13 @@ class DenseMLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.exact = False  # batch-invariant numerics (serve/model/numerics.py)
 
     def forward(self, x_TD: torch.Tensor) -> torch.Tensor:
+        if self.exact:
+            g_TI = proj(self.gate_proj, x_TD, True)
+            h_TI = F.silu(g_TI.to(WIDE)).to(g_TI.dtype) * proj(self.up_proj, x_TD, True)
+            return proj(self.down_proj, h_TI, True)
         return self.down_proj(F.silu(self.gate_proj(x_TD)) * self.up_proj(x_TD))
 
 
@@ -117,14 +127,15 @@ class SparseMoE(nn.Module):
         self.cpu_kernels: ModuleType | None = None  # inference on a CPU: kernels/cpu_ext.py (pack_for_cpu)
         self.index = 0  # among the model's MoE layers (the M of routes [T, M, K])
         self.replay_counts: torch.Tensor | None = None  # [rows replayed, of those with other experts]
+        self.exact = False  # batch-invariant numerics (serve/model/numerics.py)
 
     def forward(self, x_TD: torch.Tensor, replay_TK: torch.Tensor | None = None,
                 record: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """`replay_TK`: experts to use instead of the router's top-k (training on what the server routed;
         rows with a -1 keep the router's own choice), weighted by the router's probabilities of those
         experts, so the router still learns. `record` (routes_SMK, slots_T): store each token's experts."""
-        logits_TE = self.gate(x_TD)
-        probs_TE = torch.softmax(logits_TE, dim=-1, dtype=acc_dtype(logits_TE.dtype))
+        logits_TE = proj(self.gate, x_TD, self.exact)
+        probs_TE = torch.softmax(logits_TE, dim=-1, dtype=WIDE if self.exact else acc_dtype(logits_TE.dtype))
         weights_TK, ids_TK = torch.topk(probs_TE, self.top_k, dim=-1)
         if replay_TK is not None:
             ids_TK = self._replay(ids_TK, replay_TK.to(ids_TK.device))
@@ -135,6 +146,10 @@ class SparseMoE(nn.Module):
         if self.norm_topk:
             weights_TK = weights_TK / weights_TK.sum(dim=-1, keepdim=True)
         weights_TK = weights_TK.to(logits_TE.dtype)
+        if self.exact:  # training: the masters through the MXFP8 round trip, as saved and served
+            w13, w2 = ((fake_quantize_mxfp8(w) for w in (self.w13, self.w2)) if self.train_mxfp8
+                       else (self.w13, self.w2))
+            return numerics.moe(x_TD, ids_TK, weights_TK, w13, w2)
         if self.train_mxfp8:
             return mxfp8_moe(x_TD, ids_TK, weights_TK, self.w13, self.w2)
         return moe_forward(x_TD, ids_TK, weights_TK, self.w13, self.w2, cpu_kernels=self.cpu_kernels)
@@ -187,14 +202,34 @@ class Qwen3MoeModel(nn.Module):
         # CPU decode steps through kernels/cpu_ext.py's decode_layers when it covers the model (decode_plan);
         # False: every layer's Python forward (the same result; for profiling layer by layer)
         self.fused_decode = True
+        self.batch_invariant = False  # see set_batch_invariant
         for i, moe in enumerate(self.moe_layers()):
             moe.index = i
+
+    def set_batch_invariant(self, on: bool = True) -> Qwen3MoeModel:
+        """Batch-invariant numerics (serve/model/numerics.py) in every layer: a token's logits become a
+        function of the token ids before it, the same bits in any batch or step split, on the server and in
+        the trainer. Needs the plain layout (not pack_for_cpu's) and the torch paths. Returns self."""
+        if on and any(layer.self_attn.qkv_proj is not None for layer in self.layers):
+            raise ValueError("batch-invariant numerics need the plain weight layout: set them before pack_for_cpu")
+        self.batch_invariant = on
+        for m in self.modules():
+            if hasattr(m, "exact"):
+                m.exact = on
+        return self
 
     def cos_sin(self, positions_T: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotary cos and sin [T, C] at these positions; the table is made on their device at first use."""
         if self.rotary is None:
             self.rotary = Rotary(self.cfg, positions_T.device)
-        return self.rotary.cos_sin(positions_T, dtype)
+        return self.rotary.cos_sin(positions_T, dtype, WIDE if self.batch_invariant else None)
+
+    def logits(self, h_ND: torch.Tensor) -> torch.Tensor:
+        """The LM head (tied to the embeddings or not) on final-norm hidden states, in their dtype."""
+        if self.lm_head is not None:
+            return proj(self.lm_head, h_ND, self.batch_invariant)
+        w = self.embed_tokens.weight
+        return numerics.linear(h_ND, w) if self.batch_invariant else F.linear(h_ND, w)
 
     def moe_layers(self) -> list[SparseMoE]:
         return [layer.mlp for layer in self.layers if isinstance(layer.mlp, SparseMoE)]
@@ -216,21 +251,22 @@ class Qwen3MoeModel(nn.Module):
             for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
                 x_TD = layer(x_TD, cos_TC, sin_TC, k_cache, v_cache, meta)
         h_BD = self.norm(x_TD.index_select(0, logits_rows_B))
-        logits = F.linear(h_BD, self.embed_tokens.weight) if self.lm_head is None else self.lm_head(h_BD)
-        return logits.float()
+        return self.logits(h_BD).float()
 
     def forward_train(self, input_ids_BL: torch.Tensor, routes_BLMK: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [B, L, V] (float32) of right-padded sequences that start at position 0; differentiable.
         `routes_BLMK`: the experts the server routed each token to in each MoE layer, replayed (-1: none
         recorded, the router decides)."""
+        return self.logits(self.hidden_train(input_ids_BL, routes_BLMK)).float()
+
+    def hidden_train(self, input_ids_BL: torch.Tensor, routes_BLMK: torch.Tensor | None = None) -> torch.Tensor:
+        """forward_train up to the final norm: [B, L, D] (the trainer runs the LM head on scored rows only)."""
         L = input_ids_BL.shape[1]
         x_BLD = self.embed_tokens(input_ids_BL)
         cos_LC, sin_LC = self.cos_sin(torch.arange(L, device=input_ids_BL.device), x_BLD.dtype)
         for layer in self.layers:
             x_BLD = layer.forward_dense(x_BLD, cos_LC, sin_LC, routes_BLMK)
-        h_BLD = self.norm(x_BLD)
-        logits = F.linear(h_BLD, self.embed_tokens.weight) if self.lm_head is None else self.lm_head(h_BLD)
-        return logits.float()
+        return self.norm(x_BLD)
 
     def to_training(self, mxfp8_experts: bool) -> Qwen3MoeModel:
         """Make the expert weights trainable Parameters (masters in the model's dtype); with

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
 from train.algo import LossConfig
 from train.checkpoint import save_policy
@@ -54,6 +54,9 @@ class FSDPTrainer(Trainer):
     # The masked path reads the root's embedding, norm and head outside forward_train, where FSDP
     # keeps them sharded: score through the registered forward instead.
     score_trained_only = False
+    # FSDP2 gathers the weights in the compute dtype itself (MixedPrecisionPolicy.param_dtype); unlike the
+    # single-process trainer it then quantizes MXFP8 experts from that copy, not from the float32 master
+    cast_weights = False
 
     def __init__(
         self, model_dir: str | Path, config: TrainerConfig | None = None, loss: LossConfig | None = None
@@ -73,10 +76,11 @@ class FSDPTrainer(Trainer):
         from torch.distributed.device_mesh import init_device_mesh
 
         self.mesh = init_device_mesh(self.device.type, (self.world,))
+        mp = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=self.model.embed_tokens.weight.dtype)
         for layer in self.model.layers:
-            fully_shard(layer, mesh=self.mesh)
+            fully_shard(layer, mesh=self.mesh, mp_policy=mp)
             register_fsdp_forward_method(layer, "forward_dense")  # forward_train calls this, not forward
-        fully_shard(self.model, mesh=self.mesh)
+        fully_shard(self.model, mesh=self.mesh, mp_policy=mp)
         register_fsdp_forward_method(self.model, "forward_train")
         for m in [
             *self.model.layers,
