@@ -9,6 +9,7 @@ requests, in-process, modes alternated and repeated: the machine drifts).
 
     python bench/train_serve_gap.py [--model serve/builtin/composer-tiny] [--dtypes bfloat16,float16]
         [--tasks 8] [--out bench/train-serve-gap/results.json]
+    python bench/train_serve_gap.py --random-prompts    # the issue's 16 random prompts x 48 tokens at T=1
 """
 
 from __future__ import annotations
@@ -40,6 +41,44 @@ def rollouts(model: Path, dtype: str, invariant: bool, tasks, max_tokens: int, w
     if bad:
         raise RuntimeError(bad[0])
     return [s for ep in eps for s in ep.samples]
+
+
+def random_prompts(model: Path, dtype: str, invariant: bool, cpu_kernels: bool = True):
+    """The issue's measurement: 16 random prompts of 20-120 token ids, 48 tokens each sampled at T=1 by the
+    in-process engine (all 16 at once, 64 tokens a step: chunked prefills), experts recorded for replay."""
+    import numpy as np
+    import torch
+
+    from serve.engine.base import SamplingParams
+    from serve.engine.native import EngineConfig, NativeEngine
+    from train.samples import Sample
+
+    engine = NativeEngine(str(model), EngineConfig(dtype=dtype, batch_invariant=invariant, max_batched_tokens=64,
+                                                   kv_cache_tokens=8192, cpu_kernels=cpu_kernels))
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 2000, (int(n),), generator=g).tolist() for n in torch.randint(20, 120, (16,), generator=g)]
+
+    async def one(p, seed):
+        params = SamplingParams(max_tokens=48, temperature=1.0, seed=seed, logprobs=True, return_routed_experts=True)
+        s = Sample("random", seed)
+        s.extend(p, sampled=False)
+        ids, lps = [], []
+        async for t in engine.generate(p, params):
+            ids.append(t.id)
+            lps.append(t.logprob)
+            if t.routed_experts is not None:
+                routes = np.asarray(t.routed_experts, dtype=np.int16)
+        s.extend(ids, sampled=True, logprobs=lps)
+        s.add_routes(0, routes)
+        return s
+
+    async def all_():
+        return await asyncio.gather(*(one(p, i) for i, p in enumerate(prompts)))
+
+    try:
+        return asyncio.run(all_())
+    finally:
+        asyncio.run(engine.stop())
 
 
 def gaps(model: Path, samples, dtype: str, invariant: bool) -> dict:
@@ -92,6 +131,13 @@ def throughput(model: Path, dtype: str, repeats: int = 3) -> dict:
             "batch_invariant_cost": round(best["default"] / best["batch-invariant"], 2)}
 
 
+def print_rows(rows: list[dict]) -> None:
+    print("\n| server | trainer | sampled tokens | mean |Δ log p| | p99 | max | bit-equal |\n| --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['server']} | {r['trainer']} | {r['tokens']} | {r['mean']:.2e} | {r['p99']:.2e} | {r['max']:.2e} "
+              f"| {r['exact_share']:.1%} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="serve/builtin/composer-tiny")
@@ -100,8 +146,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=4, help="episodes at once")
     ap.add_argument("--base", type=int, default=50_000, help="first bugfix seed")
     ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--random-prompts", action="store_true",
+                    help="instead of episodes: random prompts sampled in-process (the issue's measurement), with the "
+                         "engine's C++ kernels and without (its torch paths)")
     ap.add_argument("--out", default="bench/train-serve-gap/results.json")
     args = ap.parse_args(argv)
+    if args.random_prompts:
+        rows = []
+        for dtype in args.dtypes.split(","):
+            for server, kernels, invariant in (("default", True, False), ("torch paths", False, False),
+                                               ("batch-invariant", False, True)):
+                samples = random_prompts(Path(args.model), dtype, invariant, kernels)
+                trainers = [(dtype, invariant)] + ([("float32", False)] if not invariant else [])
+                for t_dtype, t_inv in trainers:
+                    rows.append({"server": f"{dtype} {server}", "trainer": f"{t_dtype} {'batch-invariant' if t_inv else 'default'}",
+                                 **gaps(Path(args.model), samples, t_dtype, t_inv)})
+                    print(json.dumps(rows[-1]), flush=True)
+        out = Path(args.out).with_name("random-prompts.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"model": args.model, "rows": rows}, indent=1))
+        print_rows(rows)
+        return 0
     from agent.tasks.families import generate
 
     model = Path(args.model)
@@ -122,10 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         results["throughput"][dtype] = throughput(model, dtype)
         print(dtype, results["throughput"][dtype], flush=True)
         out.write_text(json.dumps(results, indent=1))
-    print("\n| server | trainer | sampled tokens | mean |Δ log p| | p99 | max | bit-equal |\n| --- | --- | --- | --- | --- | --- | --- |")
-    for r in results["rows"]:
-        print(f"| {r['server']} | {r['trainer']} | {r['tokens']} | {r['mean']:.2e} | {r['p99']:.2e} | {r['max']:.2e} "
-              f"| {r['exact_share']:.1%} |")
+    print_rows(results["rows"])
     print("\n| dtype | default tok/s | batch-invariant tok/s | cost |\n| --- | --- | --- | --- |")
     for dtype, t in results["throughput"].items():
         print(f"| {dtype} | {t['tok_s']['default']} | {t['tok_s']['batch-invariant']} | {t['batch_invariant_cost']}x |")

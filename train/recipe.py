@@ -382,7 +382,7 @@ def sft(model_dir: Path, sessions: Path, out: Path, r: TinyRecipe) -> list[dict[
     samples = [s for ep in recorded for s in ep]
     if not samples:
         raise ValueError(f"{sessions} holds no expert samples")
-    trainer = Trainer(model_dir, TrainerConfig(lr=r.sft_lr, seed=r.seed, weight_decay=0.01))
+    trainer = Trainer(model_dir, TrainerConfig(lr=r.sft_lr, seed=r.seed, weight_decay=0.01, dtype="float32"))
     rng = random.Random(r.seed)
     per_epoch = -(-len(samples) // r.sft_batch)
     total = r.sft_epochs * per_epoch
@@ -730,7 +730,8 @@ def _rl(sft_dir: Path, rl_dir: Path, r: TinyRecipe, served: Served) -> None:
         tasks,
         rl_dir,
         cfg,
-        trainer_cfg=TrainerConfig(lr=r.rl_lr, eps=r.rl_adam_eps, seed=r.seed, train_only=tuple(r.rl_train_only)),
+        trainer_cfg=TrainerConfig(lr=r.rl_lr, eps=r.rl_adam_eps, seed=r.seed, train_only=tuple(r.rl_train_only),
+                                  dtype=served.dtype),  # what the recipe's server computes in
         loss=LossConfig(advantage=r.advantage, negative_weight=r.rl_negative_weight, kl_coef=r.rl_kl_coef),
         reward=reward_config(r),
         base_url=server.base_url,
