@@ -123,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--expert-mistakes", dest="expert_mistakes", type=float,
                      help="share of bugfix tasks where the expert's first edit fails and it recovers (SFT learns "
                           "the recovery, not the mistake; default 0)")
+    rec.add_argument("--dtype", choices=DTYPES, help="what the recipe's server and its SFT and RL trainers compute "
+                     "in (default float32)")
     rec.add_argument("--init", help="start from this checkpoint (same tokenizer) instead of a random model")
     rec.add_argument("--rl-from", dest="rl_from",
                      help="RL from this trained checkpoint (e.g. serve/builtin/composer-tiny), skipping the data and SFT")

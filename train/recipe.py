@@ -124,6 +124,10 @@ class TinyRecipe:
     """Record the expert data (and the tokenizer's corpus) and run the RL episodes in varied folders, git
     states and dates (agent/tasks/variation.py), so the model does not tie its answers to one workspace
     path or day."""
+    dtype: str = "float32"
+    """What the recipe's composer-serve and its SFT and RL trainers compute in. float32 by default (a CPU's
+    default); bfloat16 or float16 train and serve in low precision, the trainer in the dtype served
+    (issue 40). bench/tiny_heldout.py evaluates in float64, as the built-in model is served, whatever this is."""
     expert_mistakes: float = 0.0
     """Share of the one-edit tasks (bugfix) where the expert's first edit misremembers the line (an
     old_string the file does not have) and the next turn recovers by copying it as the edit tool's error
@@ -382,7 +386,7 @@ def sft(model_dir: Path, sessions: Path, out: Path, r: TinyRecipe) -> list[dict[
     samples = [s for ep in recorded for s in ep]
     if not samples:
         raise ValueError(f"{sessions} holds no expert samples")
-    trainer = Trainer(model_dir, TrainerConfig(lr=r.sft_lr, seed=r.seed, weight_decay=0.01, dtype="float32"))
+    trainer = Trainer(model_dir, TrainerConfig(lr=r.sft_lr, seed=r.seed, weight_decay=0.01, dtype=r.dtype))
     rng = random.Random(r.seed)
     per_epoch = -(-len(samples) // r.sft_batch)
     total = r.sft_epochs * per_epoch
@@ -440,7 +444,8 @@ class Served:
     then switched with /v1/load_weights (RL samples from it too)."""
 
     def __init__(self, log_path: Path, dtype: str = "float32"):
-        # float32: what the trainer computes in; bench/tiny_heldout.py serves float64, as the built-in model is
+        # the recipe's dtype: what its trainers compute in; bench/tiny_heldout.py serves float64, as the
+        # built-in model is
         self.log_path, self.dtype, self.server, self.current = log_path, dtype, None, None
 
     def serve(self, model_dir: Path):
@@ -646,7 +651,7 @@ def _sft_stages(r: TinyRecipe, out: Path, data: Path, stage, summary: dict[str, 
 def _eval_and_rl(r: TinyRecipe, out: Path, sft_dir: Path, stage, summary: dict[str, Any], timings) -> None:
     """Held-out eval of SFT, RL, held-out eval of RL, export; writes OUT/summary.json."""
     heldout = heldout_tasks(r)
-    served = Served(out / "server.log")
+    served = Served(out / "server.log", r.dtype)
     try:
         stage(
             "eval sft",

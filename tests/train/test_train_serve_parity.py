@@ -45,7 +45,7 @@ def episodes(tmp_path: Path, dtype: str, *flags: str, n: int = 4):
 
 def gaps(eps, dtype: str, invariant: bool) -> torch.Tensor:
     samples = [s for ep in eps for s in ep.samples]
-    assert sum(s.sampled_tokens for s in samples) > 100
+    assert sum(s.sampled_tokens for s in samples) > 40  # T=1 episodes: how many tokens varies
     trainer = Trainer(BUILTIN_DIR, TrainerConfig(dtype=dtype, batch_invariant=invariant))
     out = []
     for s, lp in zip(samples, trainer.logprobs(samples), strict=True):
