@@ -83,6 +83,7 @@ class LocalServer:
         """Point `config` at this server, greedy and with short answers unless configured otherwise:
         the tiny model is evaluated that way (temperature 0, 96 tokens a turn)."""
         config.base_url = self.base_url
+        config.builtin_model = True
         if config.temperature is None:
             config.temperature = 0.0
         if config.max_output_tokens is None:

@@ -58,12 +58,18 @@ class Config:
     """Longest wait for the next streamed chunk from the server."""
     max_retries: int = 5
     """Retries on connection errors, 429 and 5xx, with exponential backoff."""
+    malformed_retries: int = 2
+    """Turns in a row whose tool call could not be parsed that the model is told so and asked again;
+    one more ends the run with status error, error_kind malformed_tool_call."""
     linters: dict[str, str] = field(default_factory=dict)
     """Extra linters for the lint tool: glob -> command (`{paths}` is replaced by the files)."""
     add_dirs: list[str] = field(default_factory=list)
     """Folders outside the workspace that tools may also read and write (relative to the workspace)."""
     mcp_servers: dict[str, dict[str, Any]] = field(default_factory=dict)
     """MCP servers whose tools are added to ours: name -> table (see agent/mcp_client.ServerConfig)."""
+    builtin_model: bool = field(default=False, metadata={"internal": True})
+    """Set by composer-agent when it serves the small built-in model itself (no endpoint configured); not a
+    configuration key. Front-ends then say so where a person looks, and label the model's claims unverified."""
 
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
@@ -123,7 +129,7 @@ def load_config(cwd: Path, flags: dict[str, Any] | None = None, env: dict[str, s
     if "add_dirs" in flags:  # --add-dir adds to the configured folders
         flags["add_dirs"] = [*merged.get("add_dirs", []), *flags["add_dirs"]]
     merged.update(flags)
-    known = {f.name for f in fields(Config)}
+    known = {f.name for f in fields(Config) if not f.metadata.get("internal")}
     unknown = set(merged) - known
     if unknown:
         raise ConfigError(f"unknown configuration key(s): {', '.join(sorted(unknown))}")

@@ -77,14 +77,9 @@ class DemoPrinter:
                 self._print(f"  turn {event.turn} → {event.name} {_brief(event.arguments)}{overlap}")
             elif isinstance(event, ToolCallFinished):
                 self.running.pop(event.call_id, None)
-                # The last line that says something (a shell result ends with its "[exit code ...]").
-                lines = [
-                    x for x in event.content.strip().splitlines() if x.strip() and not x.startswith("[exit")
-                ]
-                last = lines[-1:] or [""]
                 sign = "✓" if event.ok else "✗"
                 self._print(
-                    f"  turn {event.turn} {sign} {event.name} ({event.duration_s:.1f} s): {last[0][:100]}"
+                    f"  turn {event.turn} {sign} {event.name} ({event.duration_s:.1f} s): {result_line(event)[:100]}"
                 )
             elif isinstance(event, AssistantMessage) and len(event.tool_calls) > 1:
                 self.multi_call_turns.add(event.turn)
@@ -99,6 +94,57 @@ class DemoPrinter:
 
     def _print(self, line: str) -> None:
         print(line, file=self.out, flush=True)
+
+
+def result_line(event: ToolCallFinished) -> str:
+    """One line for a finished call: an edit's changed lines (from its diff), else the result's last line
+    that says something (a shell result ends with its "[exit code ...]")."""
+    diff = (event.data or {}).get("diff") if event.ok else None
+    if diff:
+        changed = [x for x in diff.splitlines() if x[:1] in "+-" and not x.startswith(("+++", "---"))]
+        if changed:
+            return "  ".join(x.strip() if len(x.strip()) < 60 else x.strip()[:57] + "…" for x in changed[:2])
+    lines = [x for x in event.content.strip().splitlines() if x.strip() and not x.startswith("[exit")]
+    return (lines[-1:] or [""])[0]
+
+
+def changes(root: Path) -> list[str]:
+    """What the run changed, from `git diff` (not from what the model says): per hunk, the file, the
+    function around it and its changed lines. [] without git or without changes."""
+    import re
+
+    try:
+        p = subprocess.run(["git", "diff", "-U0", "--no-color", "--no-ext-diff"], cwd=root, capture_output=True,
+                           text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    out, path, head, body = [], None, "", []
+    for line in p.stdout.splitlines() + ["@@"]:
+        if line.startswith(("@@", "+++ ")) and body and path:
+            start = int(re.match(r"@@ -\d+(?:,\d+)? \+(\d+)", head).group(1)) if head else 1
+            out.append(f"{path}{_enclosing_def(root / path, start)}: " + "  ".join(body[:4]))
+            body = []
+        if line.startswith("+++ "):
+            path = line[6:] if line.startswith("+++ b/") else None
+        elif line.startswith("@@"):
+            head = line
+        elif line[:1] in "+-" and not line.startswith("--- "):
+            body.append(line.strip() if len(line.strip()) < 70 else line.strip()[:67] + "…")
+    return out
+
+
+def _enclosing_def(path: Path, line_no: int) -> str:
+    """", in NAME()" for the innermost def at or above line `line_no` (1-based) of the file, else ""."""
+    import re
+
+    try:
+        lines = path.read_text().splitlines()[:line_no]
+    except (OSError, UnicodeDecodeError):
+        return ""
+    for line in reversed(lines):
+        if m := re.match(r"\s*(?:async\s+)?def\s+(\w+)", line):
+            return f", in {m.group(1)}()"
+    return ""
 
 
 def demo_task(family: str, seed: int | None = None) -> Task:
@@ -252,10 +298,14 @@ def _run(root: Path, task: Task, args: argparse.Namespace, server: LocalServer |
         return 2
     finished = rt.agent.run(task.prompt, rt.system)
     rt.session.close()
-    if finished.final_text.strip():
-        print(f"  the agent says: {finished.final_text.strip()[:400]}", file=out)
+    # What happened, from the repository and its checks; the model's own words come last, as a claim.
     if task.family == "bugfix":
+        found = changes(root)
+        print("  what changed (git diff): " + ("; ".join(found) if found else "nothing"), file=out)
         print(f"  its tests now: `{TESTS}` -> {run_tests(root)[1]}", file=out)
+    if finished.final_text.strip():
+        print(f"  the model says (its claim{', unverified' if server is not None else ''}): "
+              f"{finished.final_text.strip()[:400]}", file=out)
     ok, why = green(root, task, finished.final_text)
     if ok:
         shown = f" `git -C {root} diff` shows the fix." if task.family == "bugfix" else ""

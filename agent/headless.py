@@ -2,7 +2,9 @@
 
 Without --json the final answer goes to stdout and a one-line-per-tool progress log to stderr. With
 --json, stdout carries exactly one JSON event per line (agent.protocol) and nothing else; logs go to
-stderr. Exit codes: 0 finished, 1 the agent failed or hit a limit, 2 usage or configuration error
+stderr. Exit codes: 0 finished, 1 the agent failed, hit a limit or gave an empty answer (status
+no_answer), or the model kept writing tool calls nothing could parse (error_kind malformed_tool_call),
+2 usage or configuration error
 (server unreachable, bad key, unknown model), 130 interrupted (Ctrl-C: tools killed, session saved).
 
 With --json every run ends with a `finished` event, failures included, so a script needs only stdout:
@@ -28,6 +30,7 @@ from agent.approval import Approvals
 from agent.client import ModelError
 from agent.config import Config
 from agent.protocol import Event, Finished, Notice, Retrying, Summarized, ToolCallFinished, ToolCallStarted
+from agent.render import UNVERIFIED
 from agent.runtime import build
 from agent.session import SessionNotFound
 
@@ -168,10 +171,14 @@ def run(config: Config, root: Path, task: str | None, *, as_json: bool, resume: 
     if finished.status == "completed":
         if not as_json:
             print(finished.final_text)
+            if finished.model_builtin:
+                print(f"composer-agent: {UNVERIFIED}", file=sys.stderr)
         return EXIT_OK
     if finished.status == "interrupted":
         return EXIT_INTERRUPTED
-    if finished.error:
+    if finished.status == "no_answer":
+        print(f"composer-agent: the model ended with an empty answer ({finished.turns} turns)", file=sys.stderr)
+    elif finished.error:
         print(f"composer-agent: error: {finished.error}", file=sys.stderr)
     else:
         print(f"composer-agent: stopped: {finished.status} ({finished.turns} turns)", file=sys.stderr)

@@ -2,7 +2,10 @@
 
 One loop for every front-end (TUI, line mode, headless) and for RL rollouts. It stops when the model
 answers without tool calls, or at a limit (turns, wall time, tokens), or on interrupt, or when an answer
-is cut off after its tool calls started (status "error"; the calls' results are kept). It emits the
+is cut off after its tool calls started (status "error"; the calls' results are kept). An answer is
+never a tool call the parser could not read (in the content or the reasoning): the model is told what
+could not be parsed and asked again, `malformed_retries` times in a row, then the run ends with status
+"error", error_kind "malformed_tool_call". An empty answer ends with status "no_answer", not "completed". It emits the
 events of agent.protocol and writes the trajectory as it goes. Errors the model can act on are tool
 observations (the executor's job); errors it cannot (auth, unreachable server) end the run with
 status "error".
@@ -27,6 +30,7 @@ from agent.protocol import (
     Event,
     Finished,
     Message,
+    Notice,
     ReasoningDelta,
     Retrying,
     Summarized,
@@ -38,8 +42,13 @@ from agent.protocol import (
     tool_call_message,
 )
 from agent.session import Session
+from agent.toolcall_text import unparsed_calls
 from agent.tools import Executor, Registry, ToolCall, ToolContext, ToolResult
 from agent.tools.executor import Approver
+
+UNPARSED = ("Your last message contains a tool call that could not be parsed, starting {start!r}, so no tool "
+            "ran. Write each tool call in the tool-call format (one call per block, its arguments a JSON object "
+            "that fits the tool's parameters), or answer in plain text without one.")
 
 
 class Agent:
@@ -72,6 +81,7 @@ class Agent:
         self._append({"role": "user", "content": task})
         status, final, error = "completed", "", None
         turns_at_start, tokens_at_start = self.turn, self.prompt_tokens + self.completion_tokens
+        unparsed_turns = 0
         try:
             while True:
                 if self.cancel.is_set():
@@ -89,19 +99,34 @@ class Agent:
                     status = "max_tokens"
                     break
                 reply = self._model_turn(max_tokens=cap)
-                if not reply.tool_calls:
-                    final = reply.content
-                    if cap is not None and reply.finish_reason == "length":
-                        # Cut short by max_tokens (the configured cap or what the budget had left): a
-                        # truncated answer is not a completed one.
-                        status = "max_tokens"
-                    break
+                if reply.tool_calls:
+                    unparsed_turns = 0
+                    continue
+                attempts = unparsed_calls(reply.content) + unparsed_calls(reply.reasoning)
+                if attempts:
+                    unparsed_turns += 1
+                    if unparsed_turns > self.config.malformed_retries:
+                        status, error, self.error_kind = "error", (
+                            f"the model wrote a tool call that could not be parsed {unparsed_turns} turns in a "
+                            f"row ({attempts[0]!r}…)"), "malformed_tool_call"
+                        break
+                    self._append({"role": "user", "content": UNPARSED.format(start=attempts[0])})
+                    self.emit(Notice("warning", f"Tool call not parsed ({attempts[0]!r}…): the model is asked again."))
+                    continue
+                final = reply.content
+                if cap is not None and reply.finish_reason == "length":
+                    # Cut short by max_tokens (the configured cap or what the budget had left): a
+                    # truncated answer is not a completed one.
+                    status = "max_tokens"
+                elif not final.strip():
+                    status = "no_answer"
+                break
         except ModelError as e:
             status, error = ("interrupted", None) if e.kind == "interrupted" else ("error", str(e))
             self.error_kind = e.kind
         finished = Finished(status, final, self.turn - turns_at_start, time.monotonic() - start,
                             self.prompt_tokens, self.completion_tokens, self.session.id, error,
-                            self.error_kind if status == "error" else None)
+                            self.error_kind if status == "error" else None, self.config.builtin_model)
         self.session.write({"type": "finished", **{k: v for k, v in finished.to_dict().items() if k != "type"}})
         self.emit(finished)
         return finished

@@ -201,6 +201,27 @@ def _same_json(text: str, value: Any) -> bool:
         return False
 
 
+RETRY_S = 0.25  # between connection attempts to an HTTP server that is still starting
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether a failure is a refused connection (ConnectionRefusedError, httpx.ConnectError), however
+    deep in task groups' ExceptionGroups or causes."""
+    seen: list[BaseException | None] = [exc]
+    visited: set[int] = set()
+    while seen:
+        e = seen.pop()
+        if e is None or id(e) in visited:
+            continue
+        visited.add(id(e))
+        if isinstance(e, ConnectionRefusedError) or type(e).__name__ == "ConnectError":
+            return True
+        if isinstance(e, BaseExceptionGroup):
+            seen.extend(e.exceptions)
+        seen.append(e.__cause__)
+    return False
+
+
 def _describe(exc: BaseException) -> str:
     """The innermost useful message of an exception (task groups wrap them in ExceptionGroups)."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
@@ -286,25 +307,32 @@ class Hub:
 
     async def _serve(self, server: ServerConfig, ready) -> None:
         """Connect, list the tools, then hold the connection until stopped; leaving the `async with`
-        blocks is what shuts the server down."""
+        blocks is what shuts the server down. An HTTP server that refuses the connection (still starting)
+        is tried again every RETRY_S until its startup timeout, as a stdio server is given that long."""
         import anyio
         from mcp import Client
 
         try:
             with anyio.CancelScope() as scope:
                 self._scopes[server.name] = scope
-                async with self._transport(server) as transport:
-                    async with Client(transport, read_timeout_seconds=server.startup_timeout_s) as client:
-                        tools, cursor = [], None
-                        while True:
-                            page = await client.list_tools(cursor=cursor)
-                            tools.extend(page.tools)
-                            cursor = page.next_cursor
-                            if not cursor:
-                                break
-                        self._clients[server.name] = client
-                        ready.set_result(tools)
-                        await anyio.sleep_forever()
+                while True:
+                    try:
+                        async with self._transport(server) as transport:
+                            async with Client(transport, read_timeout_seconds=server.startup_timeout_s) as client:
+                                tools, cursor = [], None
+                                while True:
+                                    page = await client.list_tools(cursor=cursor)
+                                    tools.extend(page.tools)
+                                    cursor = page.next_cursor
+                                    if not cursor:
+                                        break
+                                self._clients[server.name] = client
+                                ready.set_result(tools)
+                                await anyio.sleep_forever()
+                    except Exception as e:  # noqa: BLE001 - refused: retried below; anything else: raised
+                        if not (server.url and not ready.done() and _refused(e)):
+                            raise
+                    await anyio.sleep(RETRY_S)  # the startup timeout (_start) stops this loop
         except BaseException as e:  # noqa: BLE001 - reported to the starter, or seen by the next call
             if not ready.done():
                 ready.set_exception(e if isinstance(e, Exception) else RuntimeError(_describe(e)))

@@ -52,6 +52,7 @@ class SessionStarted(Event):
     spec_hash: str
     context_window: int
     resumed: bool = False
+    model_builtin: bool = False  # the small built-in model composer-agent serves itself: a toy, claims unverified
 
 
 @dataclass
@@ -146,9 +147,15 @@ class Summarized(Event):
     tokens_after: int
 
 
+POLICY_ERRORS = ("malformed_tool_call",)
+"""Finished.error_kind values that are the model's own doing (it kept writing tool calls nothing could
+parse): an episode ending in one is scored as a failure in evaluation and RL, not masked as infrastructure."""
+
+
 @dataclass
 class Finished(Event):
-    """The run ended. status: completed | max_turns | max_time | max_tokens | error | interrupted."""
+    """The run ended. status: completed | no_answer (the model's final answer was empty) | max_turns |
+    max_time | max_tokens | error | interrupted."""
 
     type: ClassVar[str] = "finished"
     status: str
@@ -159,9 +166,11 @@ class Finished(Event):
     completion_tokens: int
     session_id: str
     error: str | None = None
-    # Why it failed, for scripts: the client's kind (config | server | request | cut_off | ...), or a
-    # start-up failure's (unreachable | auth | not_found | usage | session | internal); None otherwise.
+    # Why it failed, for scripts: the client's kind (config | server | request | cut_off | ...), the
+    # loop's (malformed_tool_call), or a start-up failure's (unreachable | auth | not_found | usage |
+    # session | internal); None otherwise.
     error_kind: str | None = None
+    model_builtin: bool = False  # answered by the small built-in model: its claims are unverified
 
 
 @dataclass

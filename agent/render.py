@@ -227,6 +227,11 @@ def _shell_status(d: dict[str, Any]) -> str:
 # -- the run ------------------------------------------------------------------------------------------
 
 STOPPED = {"max_turns": "the turn limit", "max_time": "the time limit", "max_tokens": "the token budget"}
+BUILTIN_BANNER = ("Model: the small built-in model (composer-tiny), served on this machine because no model server "
+                  "is configured. It is a toy that knows only small synthetic tasks (fixing an injected bug, finding "
+                  "a definition): check what it claims. Point composer-agent at a real model with --base-url URL.")
+UNVERIFIED = ("answered by the small built-in model (composer-tiny, a toy that knows only small synthetic tasks): "
+              "its claims are unverified; check the changes (git diff) and run your tests")
 
 
 def run_notice(event: Event) -> tuple[str, str] | None:
@@ -238,11 +243,17 @@ def run_notice(event: Event) -> tuple[str, str] | None:
         return "info", f"Retrying in {event.delay_s:.1f}s ({event.reason})."
     if isinstance(event, Summarized):
         return "info", f"Context summarised ({event.tokens_before} → {event.tokens_after} tokens)."
+    if isinstance(event, SessionStarted) and event.model_builtin and not event.resumed:
+        return "warning", BUILTIN_BANNER
     if isinstance(event, Finished):
+        if event.status == "completed" and event.model_builtin:
+            return "warning", UNVERIFIED[0].upper() + UNVERIFIED[1:] + "."
         if event.status == "interrupted":
             return "warning", "Interrupted."
         if event.status == "error":
             return "error", f"Error: {event.error}"
+        if event.status == "no_answer":
+            return "warning", "The model ended with an empty answer."
         if event.status in STOPPED:
             return "warning", f"Stopped at {STOPPED[event.status]} ({plural(event.turns, 'request')})."
     return None
@@ -343,6 +354,8 @@ class Status:
         """Update from one event; True when something shown changed."""
         if isinstance(event, SessionStarted):
             self.model, self.context_window = event.model, event.context_window
+            if event.model_builtin:
+                self.model += " (built-in toy model: claims unverified)"
             self.context_used, self.tokens_per_s = 0, None
         elif isinstance(event, UsageReport):
             # What the next request will carry: the last prompt plus the answer it produced.

@@ -65,7 +65,7 @@ def build(config: Config, root: Path, *, emit: Callable[[Event], None], approve:
                   messages=messages)
     system = messages[0]["content"] if messages else system_prompt(root, workspace.extra_roots, date)
     emit(SessionStarted(session.id, str(root), model.name, config.base_url, registry.spec_hash(), window,
-                        resumed=bool(resume)))
+                        resumed=bool(resume), model_builtin=config.builtin_model))
     for warning in mcp_warnings:
         emit(Notice("warning", warning))
     return Runtime(agent, session, model, system, bool(resume))

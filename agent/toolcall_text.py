@@ -179,6 +179,20 @@ class StreamParser:
         return calls
 
 
+# A tool call written as text that no parser turned into a call: an opening tag (with what opens its call),
+# a bare Qwen3-Coder function tag, or a bare Hermes JSON call ({"name": ..., "arguments": ...}).
+_ATTEMPT = re.compile(r'<tool_call>\s*(?:<function=[^>\n]*>|\{\s*"name"\s*:\s*"[^"\n]*"\s*,\s*"arguments"\s*:)?'
+                      r'|<function=[^>\n]*>'
+                      r'|\{\s*"name"\s*:\s*"[^"\n]*"\s*,\s*"arguments"\s*:')
+
+
+def unparsed_calls(text: str | None) -> list[str]:
+    """The tool-call attempts left in text (content or reasoning after parsing): each the start of one
+    call. A model that writes one meant to call a tool and nothing ran; the agent loop tells it so, and
+    train/rewards.py counts them as malformed calls. Text that only names a tool is not one."""
+    return [m.group(0) for m in _ATTEMPT.finditer(text or "")]
+
+
 def parse(text: str, fmt: str = "auto", tools: list[dict[str, Any]] | None = None,
           reasoning: bool = False, starts_in_reasoning: bool = False) -> ParsedText:
     """Parse a whole generated text at once."""

@@ -10,12 +10,13 @@ Which messages are the model's: the message record written right after a request
 after a summary (a new segment) are copies and are not counted again.
 
 A malformed tool call is one the executor would refuse or never saw: a name the session did not offer,
-arguments that are not a JSON object, arguments that fail the tool's JSON schema, or a `<tool_call>` /
-`<function=` tag left in the assistant's text (a call the parser could not read). Schema checks are
+arguments that are not a JSON object, arguments that fail the tool's JSON schema, or a call written as
+text that the parser could not read, in the answer or its reasoning (agent/toolcall_text.py
+`unparsed_calls`: a `<tool_call>` or `<function=` tag, or a bare `{"name": ..., "arguments": ...}`). Schema checks are
 strict: the executor kindly coerces "5" to 5, a reward should not teach the model to rely on it.
 
-Limits: an episode that ended in an infrastructure failure (status "error", or no "finished" record
-at all because the harness died) has `infra_error` set; `compose` refuses to score it: such episodes
+Limits: an episode that ended in an infrastructure failure (status "error" other than the policy's own
+POLICY_ERRORS, or no "finished" record at all because the harness died) has `infra_error` set; `compose` refuses to score it: such episodes
 say nothing about the policy and must be masked out of the batch, not given reward 0.
 """
 
@@ -23,17 +24,17 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
 import jsonschema
 
+from agent.protocol import POLICY_ERRORS
 from agent.session import SessionData
+from agent.toolcall_text import unparsed_calls
 
 # A qwen3_coder call may open with `<tool_call><function=…>`: one attempt, counted once.
-_UNPARSED_CALL = re.compile(r"<tool_call>\s*(?:<function=)?|<function=")
 
 
 @dataclass
@@ -64,6 +65,7 @@ def episode_stats(data: SessionData, passed: bool | None) -> EpisodeStats:
     validators: dict[str, Any] = {}
 
     status: str | None = None
+    error_kind: str | None = None
     finished = False
     turns = completion = calls = malformed = calling_turns = 0
     reply_next = False
@@ -73,22 +75,25 @@ def episode_stats(data: SessionData, passed: bool | None) -> EpisodeStats:
             completion += int((rec.get("usage") or {}).get("completion_tokens") or 0)
             reply_next = rec.get("purpose", "turn") == "turn"
             turns += reply_next
+            if reply_next:
+                malformed += len(unparsed_calls(rec.get("reasoning")))
         elif kind == "message" and reply_next:
             reply_next = False
             msg = rec.get("message") or {}
             if msg.get("role") != "assistant":
                 continue
-            malformed += len(_UNPARSED_CALL.findall(_text(msg.get("content"))))
+            malformed += len(unparsed_calls(_text(msg.get("content"))))
             msg_calls = msg.get("tool_calls") or []
             calls += len(msg_calls)
             calling_turns += bool(msg_calls)
             malformed += sum(_malformed(c, schemas, validators) for c in msg_calls)
         elif kind == "finished":
-            finished, status = True, rec.get("status")
+            finished, status, error_kind = True, rec.get("status"), rec.get("error_kind")
     return EpisodeStats(
         passed=passed, status=status, turns=turns, completion_tokens=completion, tool_calls=calls,
         malformed_tool_calls=malformed, tool_calls_per_turn=calls / calling_turns if calling_turns else 0.0,
-        infra_error=not finished or status == "error",
+        # the policy's own failures (calls it kept writing unparsably) are scored, not masked
+        infra_error=not finished or (status == "error" and error_kind not in POLICY_ERRORS),
     )
 
 

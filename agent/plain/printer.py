@@ -127,6 +127,8 @@ class Printer:
             self._run_notice(ev)
         elif isinstance(ev, SessionStarted) and ev.resumed:
             self.line(f"Resumed session {ev.session_id}.", "dim")
+        elif isinstance(ev, SessionStarted):
+            self._run_notice(ev)
 
     def _finished_call(self, ev: ToolCallFinished) -> None:
         mark = self.paint(self.ok_mark, "ok") if ev.ok else self.paint(self.fail_mark, "error")

@@ -18,6 +18,7 @@ from typing import Any
 
 from agent.approval import Approvals
 from agent.config import Config
+from agent.protocol import POLICY_ERRORS
 from agent.runtime import build
 from agent.session import SessionData, load
 from agent.tasks.spec import Task
@@ -97,7 +98,8 @@ def run_episode(task: Task, config: Config, *, keep_dir: Path | None = None, lab
             if rec["type"] == "tools" and rec.get("calls"):
                 res.tool_calls += len(rec["calls"])
                 res.turns_with_calls += 1
-        if finished.status in ("error", "interrupted"):
+        if finished.status == "interrupted" or (finished.status == "error"
+                                                and finished.error_kind not in POLICY_ERRORS):
             res.infra_error = finished.error or finished.status
         else:
             t0 = time.monotonic()

@@ -1,7 +1,7 @@
 """A small real MCP server for tests/agent/test_mcp.py, built with the official SDK.
 
     python tests/agent/mcp_server.py stdio        # speaks MCP on stdin/stdout
-    python tests/agent/mcp_server.py http         # streamable HTTP on a free loopback port, printed first
+    python tests/agent/mcp_server.py http [PORT]  # streamable HTTP on a free (or this) loopback port, printed first
 
 Its tools cover what the client must handle: a read-only tool, a tool that writes a file (so a test
 can see whether it really ran), a tool that fails, structured output, an image, a slow tool and a
@@ -91,19 +91,21 @@ def odd() -> str:
     return "odd ok"
 
 
-def serve_http() -> None:
+def serve_http(port: int = 0) -> None:
     import anyio
     import uvicorn
 
     sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen(128)  # before the port is printed: a client may connect the moment it reads it
     print(sock.getsockname()[1], flush=True)  # the test reads the port from the first line
     config = uvicorn.Config(server.streamable_http_app(), log_level="warning")
     anyio.run(uvicorn.Server(config).serve, [sock])
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["http"]:
-        serve_http()
+    if sys.argv[1:2] == ["http"]:
+        serve_http(int(sys.argv[2]) if len(sys.argv) > 2 else 0)
     else:
         server.run("stdio")

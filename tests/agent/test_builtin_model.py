@@ -35,8 +35,8 @@ def checkpoint(tmp_path_factory) -> Path:
     return build_tiny_checkpoint(tmp_path_factory.mktemp("builtin") / "composer-tiny")
 
 
-def serve_children(marker: Path) -> list[int]:
-    """Live composer-serve processes whose command line names `marker` (zombies do not count)."""
+def serve_children(marker: Path | None) -> list[int]:
+    """Live composer-serve processes whose command line names `marker` (None: any; zombies do not count)."""
     pids = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
@@ -46,9 +46,34 @@ def serve_children(marker: Path) -> list[int]:
             state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if b"serve.cli" in cmd and str(marker).encode() in cmd and state != "Z":
+        if b"serve.cli" in cmd and (marker is None or str(marker).encode() in cmd) and state != "Z":
             pids.append(int(d.name))
     return pids
+
+
+TAG = "COMPOSER_TEST_TAG"  # set in a test's composer-agent environment: its children inherit it
+
+
+def tagged_children(tag: str) -> list[int]:
+    """Live composer-serve processes whose environment holds TAG=tag: the children of one test's run,
+    even after they are reparented, and never another process serving the same model."""
+    pids, want = [], f"{TAG}={tag}".encode()
+    for pid in serve_children(None):
+        try:
+            if want in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                pids.append(pid)
+        except OSError:
+            continue
+    return pids
+
+
+def tagged_gone(tag: str, within_s: float = 15.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while tagged_children(tag):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
 
 
 def gone(marker: Path, within_s: float = 15.0) -> bool:

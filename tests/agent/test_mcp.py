@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -315,6 +316,44 @@ def test_streamable_http_server(http_url, tmp_path):
         assert not call(ex, "web__explode", reason="x").ok
     finally:
         hub.close()
+
+
+def test_an_http_server_still_starting_is_retried_within_its_startup_timeout(tmp_path):
+    """Refused at first (nothing listens on the port yet): the hub keeps trying, and the server that
+    comes up a second later is connected, not reported as failed."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    servers = parse_servers({"late": {"url": f"http://127.0.0.1:{port}/mcp", "startup_timeout_s": 20}})
+    hub = Hub(servers, tmp_path, tmp_path / "logs")
+    late = threading.Timer(1.0, lambda: procs.append(subprocess.Popen(
+        [sys.executable, str(SERVER), "http", str(port)], stdout=subprocess.PIPE, text=True)))
+    procs: list[subprocess.Popen] = []
+    late.start()
+    try:
+        hub.start()
+        assert hub.warnings == [] and "late__lookup" in {t.name for t in hub.tools}
+        assert call(executor(hub, tmp_path), "late__lookup", key="answer").content == "forty-two"
+    finally:
+        late.cancel()
+        hub.close()
+        for p in procs:
+            p.terminate()
+            p.wait(timeout=10)
+
+
+def test_an_http_server_that_never_listens_fails_at_its_startup_timeout(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    hub = Hub(parse_servers({"none": {"url": f"http://127.0.0.1:{port}/mcp", "startup_timeout_s": 1.5}}),
+              tmp_path, tmp_path / "logs")
+    t0 = time.monotonic()
+    try:
+        hub.start()
+    finally:
+        hub.close()
+    assert 1.4 < time.monotonic() - t0 < 10 and len(hub.warnings) == 1 and "did not start" in hub.warnings[0]
 
 
 # -- a whole run ------------------------------------------------------------------------------------
