@@ -230,9 +230,11 @@ class Agent:
         self.completion_tokens += u.completion_tokens
         prompt = u.prompt_tokens
         if u.estimated and self._last_prompt[0]:
-            # An estimate (an interrupted request has no usage) never replaces the server's real figure:
-            # the context is at least what the last real count and the messages since then make.
-            prompt = max(prompt, context_before)
+            # An interrupted request has no usage, only a 4-characters-a-token estimate of the whole
+            # prompt, tool specs included, which can be several times the real count (a tokenizer with
+            # long tokens, a template that renders the specs compactly). The server's last real figure
+            # plus an estimate of the messages since is closer: it replaces the estimate.
+            prompt = context_before
         self._last_prompt = (prompt + u.completion_tokens, sent + 1)
         gen_s = reply.duration_s - reply.ttft_s
         # A speed needs tokens streamed over a measurable time: none when the turn ended before them.

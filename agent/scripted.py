@@ -8,6 +8,7 @@ A script is a list of turns, each a dict (JSON-friendly, so scripts can live in 
      "status": 500,                                  # answer this request with an HTTP error instead
      "delay_s": 0.01,                                # pause between streamed chunks
      "prefill_s": 3.0,                               # think this long before the first chunk (a slow prefill)
+     "prompt_tokens": 300,                           # report this prompt count (a real tokenizer's) in usage
      "headers_late": true,                           # … and send no response headers before it either
      "no_stream": true,                              # answer with one JSON body, as if stream were ignored
      "drop": true,                                   # break the connection after the calls, mid-stream
@@ -284,7 +285,8 @@ class ScriptedServer:
                     return
                 send([{"index": 0, "delta": {}, "finish_reason": finish}])
                 if (body.get("stream_options") or {}).get("include_usage"):
-                    prompt = estimate_tokens(body.get("messages", [])) + estimate_tokens(body.get("tools") or [])
+                    prompt = turn.get("prompt_tokens") or (
+                        estimate_tokens(body.get("messages", [])) + estimate_tokens(body.get("tools") or []))
                     completion = estimate_tokens(content + turn.get("reasoning", "")) + sum(
                         estimate_tokens(json.dumps(c.get("arguments", {}))) for c in calls)
                     send([], usage={"prompt_tokens": prompt, "completion_tokens": completion,

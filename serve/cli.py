@@ -76,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from serve.quiet import hush
+
+    hush()
     try:
         return _main(argv)
     except ModuleNotFoundError as e:  # installed without the extra: say which, not a traceback

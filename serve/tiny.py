@@ -119,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     anything (its answers are gibberish; the whole stack runs)."""
     import argparse
 
+    from serve.quiet import hush
+
+    hush()
     p = argparse.ArgumentParser(prog="python -m serve.tiny", description=main.__doc__)
     p.add_argument("path", help="folder to write (created)")
     p.add_argument("--tool-format", choices=["hermes", "qwen3_coder"], default="hermes",
@@ -126,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # "Writing model shards" for a 1-shard toy checkpoint
         out = build_tiny_checkpoint(args.path, template=args.tool_format, seed=args.seed)
     except ModuleNotFoundError as e:  # installed without the extra: say which, not a traceback
         if (e.name or "").split(".")[0] == "serve":

@@ -156,6 +156,9 @@ DTYPES = ("bfloat16", "float16", "float32", "float64")  # train/trainer.py's; no
 
 
 def main(argv: list[str] | None = None) -> int:
+    from serve.quiet import hush
+
+    hush()
     args = build_parser().parse_args(argv)
     try:
         return {"rl": _rl, "sft": _sft, "check": _check, "expert-data": _expert_data,
@@ -337,6 +340,9 @@ def _check(args) -> int:
                    "sampled_by_versions": versions, "model_version": model_version}
         if versions == [model_version] and float(g.max()) > args.tolerance:
             ok = False
+    if ok and not samples:  # nothing recorded with --record-tokens: nothing was checked
+        report["sampled_tokens_check"] = "FAILED: the session has no sampled tokens to check"
+        ok = False
     report["ok"] = ok
     if args.json:
         print(json.dumps(report, indent=2))

@@ -44,7 +44,8 @@ class ToolResult:
     content: str
     ok: bool = True
     data: dict[str, Any] = field(default_factory=dict)
-    duration_s: float = 0.0
+    duration_s: float = 0.0  # the call's own time: waiting for the person's approval is not in it
+    approval_s: float = 0.0  # how long the call waited for the person's approval
 
     @classmethod
     def error(cls, message: str, **data: Any) -> ToolResult:

@@ -83,7 +83,7 @@ class Executor:
         if self.on_start:
             self.on_start(index, call)
         result = self._invoke(call)
-        result.duration_s = time.monotonic() - start
+        result.duration_s = time.monotonic() - start - result.approval_s
         if self.on_finish:
             self.on_finish(index, call, result)
         return result
@@ -99,10 +99,20 @@ class Executor:
             args = self.parse_arguments(tool, call.arguments)
         except ToolError as e:
             return ToolResult.error(str(e))
+        waited = 0.0
         if self.approve is not None:
+            asked = time.monotonic()
             refusal = self.approve(call, tool, args)
+            waited = time.monotonic() - asked
             if refusal is not None:
-                return ToolResult.error(refusal, denied=True)
+                result = ToolResult.error(refusal, denied=True)
+                result.approval_s = waited
+                return result
+        result = self._run(tool, call, args)
+        result.approval_s = waited
+        return result
+
+    def _run(self, tool: Tool, call: ToolCall, args: dict[str, Any]) -> ToolResult:
         try:
             return tool.handler(self.ctx, **args)
         except ToolError as e:

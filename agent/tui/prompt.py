@@ -90,14 +90,13 @@ class PromptArea(TextArea):
             elif key == "escape":
                 self._dismissed = self.text
                 menu.hide()
+            elif not self._catch_up(menu) and key == "enter":
+                menu.hide()  # the typing had already finished the token: Enter sends, as it would have
+                self._submit()
             else:
                 self._accept(menu.current())
         elif key == "enter":
-            text = self.text
-            if text.strip():
-                self.past.add(text)
-                self.post_message(self.Submitted(text))
-                self.set_text("")
+            self._submit()
         elif key in NEWLINE_KEYS:
             self.insert("\n")
         elif key == "up" and self.cursor_location[0] == 0 and self.selection.is_empty:
@@ -115,6 +114,30 @@ class PromptArea(TextArea):
         if handled:
             event.stop()
             event.prevent_default()  # TextArea's own handler must not also insert or move
+
+    def _submit(self) -> None:
+        text = self.text
+        if text.strip():
+            self.past.add(text)
+            self.post_message(self.Submitted(text))
+            self.set_text("")
+
+    def _catch_up(self, menu: CompletionMenu) -> bool:
+        """Bring the menu up to the text as it is now, before a key acts on it: keys typed fast reach us
+        before the Changed events of the ones before them, so the menu can still hold the suggestions
+        (and the token length) of an earlier prefix, and accepting them would paste over what was typed
+        since (`/undo` + Enter became `/u/undo`). Keeps the highlighted choice if it still applies.
+        False when nothing is left to complete."""
+        before = self.get_text_range((0, 0), self.cursor_location)
+        replace_len, found = suggest(before, self.files)
+        if not found:
+            return False
+        current = menu.current()
+        menu.show(replace_len, found)
+        texts = [s.text for s in found]
+        if current is not None and current.text in texts:
+            menu.highlighted = texts.index(current.text)
+        return True
 
     def on_text_area_changed(self, event: TextArea.Changed) -> None:
         if self._quiet:

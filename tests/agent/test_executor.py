@@ -147,6 +147,19 @@ def test_approval_can_refuse_with_a_reason(ctx, tmp_path):
     assert not (tmp_path / "x.txt").exists() and r[1].ok
 
 
+def test_a_calls_duration_leaves_out_the_wait_for_approval(ctx):
+    """The person took 1 s to say yes to a 0.2 s command: the call took 0.2 s, and it waited 1 s."""
+    def approve(c, t, args):
+        time.sleep(1.0)
+        return None
+
+    finished = []
+    ex = Executor(default_registry(), ctx, approve=approve, on_finish=lambda i, c, r: finished.append(r.duration_s))
+    r = ex.run([call("shell", 0, command="sleep 0.2")])[0]
+    assert r.ok and 0.15 < r.duration_s < 0.8 and r.approval_s >= 1.0, (r.duration_s, r.approval_s)
+    assert finished == [r.duration_s]  # what the front-ends show
+
+
 def test_cancel_skips_calls_not_yet_started(ctx):
     ex = Executor(default_registry(), ctx)
     ex.cancel()

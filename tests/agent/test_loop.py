@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from agent.client import ModelError, OpenAIClient, StreamCallbacks
+from agent.client import ModelError, OpenAIClient, StreamCallbacks, estimate_tokens
 from agent.config import Config, ConfigError, load_config
 from agent.context import SUMMARY_HEADER, compact, system_prompt
 from agent.protocol import event_from_json
@@ -238,7 +238,7 @@ def test_an_interrupt_during_a_slow_prefill_closes_the_connection_at_once(tmp_pa
     keeps a sane speed and the real context figure, and the session goes on when resumed."""
     from agent.render import Status
 
-    turns = [{"content": "Looking.", "tool_calls": [{"name": "list_dir", "arguments": {}}]},
+    turns = [{"content": "Looking.", "tool_calls": [{"name": "list_dir", "arguments": {}}], "prompt_tokens": 120},
              {"content": "never sent", "prefill_s": 8, "headers_late": headers_late},
              {"content": "resumed fine"}]
     with ScriptedServer(turns) as srv:
@@ -265,6 +265,11 @@ def test_an_interrupt_during_a_slow_prefill_closes_the_connection_at_once(tmp_pa
         usage = [e for e in events if e.type == "usage"]
         assert usage[-1].tokens_per_s < 10_000 and (status.tokens_per_s or 0) < 10_000
         assert status.context_used >= usage[0].prompt_tokens + usage[0].completion_tokens
+        # the server counts far fewer tokens than 4 characters a token (turn 1: 120): after the
+        # interrupt the bar shows that real figure plus the few messages since, not a whole-prompt estimate
+        estimate = estimate_tokens(srv.chat_requests()[1]["messages"]) + estimate_tokens(srv.chat_requests()[1]["tools"])
+        assert usage[0].prompt_tokens == 120 and estimate > 5 * 120
+        assert status.context_used < 2 * 120 + 200, (status.context_used, estimate)
         again = build(config, tmp_path, emit=lambda e: None, resume=rt.session.id)
         finished = again.agent.run("go on", again.system)
         again.session.close()

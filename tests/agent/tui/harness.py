@@ -17,8 +17,10 @@ from agent.tui.app import ComposerApp
 SIZE = (100, 32)
 
 
-def make_app(root: Path, base_url: str, approval: str = "auto", resume: str | None = None, **kw) -> ComposerApp:
+def make_app(root: Path, base_url: str, approval: str = "auto", resume: str | None = None, builtin: bool = False,
+             **kw) -> ComposerApp:
     config = Config(base_url=base_url, approval=approval)
+    config.builtin_model = builtin  # as composer-agent sets it when it serves the built-in model itself
     return ComposerApp(lambda emit, ask: Interactive(config, root, emit=emit, ask=ask, resume=resume), root=root,
                        approval=approval, **kw)
 

@@ -13,10 +13,11 @@ import pytest
 from textual import events
 
 from agent import history
+from agent.completion import suggest
 from agent.scripted import ScriptedServer
 from agent.tui.answer import AssistantText
 from agent.tui.approval import ApprovalBar
-from agent.tui.panels import TodoPanel
+from agent.tui.panels import StatusBar, TodoPanel
 from agent.tui.prompt import CompletionMenu
 
 from ...conftest import git
@@ -268,6 +269,17 @@ def test_history_completion_multiline_and_todos(repo):
                 await pilot.press("enter")  # accepts the completion, does not send yet
                 assert prompt.text == "/undo" and not menu.display
 
+                # Keys typed faster than the menu follows (the issue: `/undo` + Enter gave `/u/undo`): the
+                # menu still offers /un's completions, for a 3-character token, when Enter arrives after
+                # "/undo" was typed in full. Enter then sends /undo; it pastes nothing over it.
+                prompt.set_text("")
+                await pilot.pause()
+                prompt.insert("/undo")
+                await pilot.pause()
+                menu.show(3, suggest("/un", list)[1])
+                await pilot.press("enter")
+                assert prompt.text == "" and history.load(history.history_path(repo))[-1] == "/undo"
+
     asyncio.run(body())
 
 
@@ -407,5 +419,21 @@ def test_typing_on_a_focused_card_goes_to_the_prompt_and_enter_sends(repo):
                 await pilot.press(*"/undo", "enter")  # typed at human speed
                 await shows(pilot, "The last turn changed no files.", timeout=5)
                 assert app.prompt.text == ""
+
+    asyncio.run(body())
+
+
+def test_the_built_in_model_is_named_on_screen_and_its_claims_marked_unverified(repo):
+    """The start-up line composer-agent prints before the screen takes over is never seen in the app: the
+    banner, the status bar and the end of each answer say it instead."""
+    async def body():
+        with ScriptedServer([{"content": "Fixed it; the tests pass."}]) as srv:
+            app = make_app(repo, srv.base_url, builtin=True)
+            async with app.run_test(size=SIZE) as pilot:
+                await connected(pilot)
+                await shows(pilot, "small built-in model", "toy")
+                assert "built-in toy model" in str(app.query_one(StatusBar).render())
+                await send(pilot, "fix the test")
+                await until(pilot, lambda: not app.busy and "unverified" in screen_text(app), "the label")
 
     asyncio.run(body())
