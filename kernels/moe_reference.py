@@ -47,13 +47,17 @@ def acc_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def moe_reference(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor,
-                  w13, w2, act_mxfp8: bool = False) -> torch.Tensor:
-    """Grouped reference; differentiable in x, topk_weights and (dense) w13/w2."""
+                  w13, w2, act_mxfp8: bool = False, exact: bool = False) -> torch.Tensor:
+    """Grouped reference; differentiable in x, topk_weights and (dense) w13/w2. `exact`: the model's
+    batch-invariant numerics (serve/model/numerics.py): each matmul summed in float64 and rounded once to
+    x's dtype, SwiGLU's silu in float64, the router-weighted sum in float64, so that no sum depends on the
+    order it is taken in (the rounding points stay those of the default path)."""
     T, D = x_TD.shape
     K = topk_ids_TK.shape[1]
     inter = w2.shape[2]
     expert_P = topk_ids_TK.reshape(-1)
-    acc = acc_dtype(x_TD.dtype)
+    acc = torch.float64 if exact else acc_dtype(x_TD.dtype)
+    wdtype = torch.float32 if exact else x_TD.dtype  # float32 holds every MXFP8 value (fp16 may not)
     weight_P = topk_weights_TK.reshape(-1).to(acc)
     order = torch.argsort(expert_P, stable=True)
     experts, counts = torch.unique_consecutive(expert_P[order], return_counts=True)
@@ -63,13 +67,22 @@ def moe_reference(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK
         x_ND = x_TD[tokens]
         if act_mxfp8:
             x_ND = _fake_mxfp8(x_ND)
-        gate_up_N2I = x_ND @ _expert(w13, e, x_TD.dtype).T
-        h_NI = F.silu(gate_up_N2I[:, :inter]) * gate_up_N2I[:, inter:]
+        gate_up_N2I = _matmul(x_ND, _expert(w13, e, wdtype), exact)
+        gate_N2I = gate_up_N2I[:, :inter]
+        h_NI = (F.silu(gate_N2I.double()).to(gate_N2I.dtype) if exact else F.silu(gate_N2I)) * gate_up_N2I[:, inter:]
         if act_mxfp8:
             h_NI = _fake_mxfp8(h_NI)
-        y_ND = h_NI @ _expert(w2, e, x_TD.dtype).T
+        y_ND = _matmul(h_NI, _expert(w2, e, wdtype), exact)
         out_TD = out_TD.index_add(0, tokens, y_ND.to(acc) * weight_P[pairs, None])
     return out_TD.to(x_TD.dtype)
+
+
+def _matmul(x_ND: torch.Tensor, w_MN: torch.Tensor, exact: bool) -> torch.Tensor:
+    """x @ w.T in x's dtype; `exact`: summed in float64 (products of bf16/fp16/fp32 values and their sums
+    are exact there), rounded once."""
+    if exact:
+        return (x_ND.double() @ w_MN.double().T).to(x_ND.dtype)
+    return x_ND @ w_MN.to(x_ND.dtype).T
 
 
 def moe_all_experts(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor,

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.mxfp8 import MXFP8Tensor, dequantize_mxfp8_reference
+from kernels.moe_reference import moe_reference
 
 WIDE = torch.float64
 
@@ -64,28 +64,8 @@ def causal(q_len: int, ctx_len: int, device: torch.device) -> torch.Tensor:
     return (torch.arange(ctx_len, device=device)[None, :] <= rows)[None]
 
 
-def _expert(w: torch.Tensor | MXFP8Tensor, e: int) -> torch.Tensor:
-    if isinstance(w, MXFP8Tensor):  # MXFP8 values are exact in float64 (and in bf16/fp16)
-        return dequantize_mxfp8_reference(w.data[e], w.scales[e], WIDE)
-    return w[e]
-
-
 def moe(x_TD: torch.Tensor, ids_TK: torch.Tensor, weights_TK: torch.Tensor, w13, w2) -> torch.Tensor:
-    """The expert layer (kernels/moe_reference.py's arithmetic) with exact sums: gate/up and down
-    projections rounded to x's dtype as the default path rounds them, SwiGLU's silu in float64, the
-    router-weighted sum over a token's experts in float64, rounded once. Differentiable (training with
-    plain or fake-quantized masters); MXFP8Tensor weights are dequantized one expert at a time."""
-    T, D = x_TD.shape
-    K, inter, dtype = ids_TK.shape[1], w2.shape[2], x_TD.dtype
-    expert_P = ids_TK.reshape(-1)
-    weight_P = weights_TK.reshape(-1).to(WIDE)
-    order = torch.argsort(expert_P, stable=True)
-    experts, counts = torch.unique_consecutive(expert_P[order], return_counts=True)
-    out_TD = torch.zeros(T, D, dtype=WIDE, device=x_TD.device)
-    for e, pairs in zip(experts.tolist(), torch.split(order, counts.tolist()), strict=True):
-        tokens = pairs // K
-        gate_up_N2I = linear(x_TD[tokens], _expert(w13, e))
-        h_NI = F.silu(gate_up_N2I[:, :inter].to(WIDE)).to(dtype) * gate_up_N2I[:, inter:]
-        y_ND = linear(h_NI, _expert(w2, e))
-        out_TD = out_TD.index_add(0, tokens, y_ND.to(WIDE) * weight_P[pairs, None])
-    return out_TD.to(dtype)
+    """The expert layer with exact sums: kernels/moe_reference.py's grouped reference in its `exact` mode
+    (gate/up and down projections rounded to x's dtype as the default path rounds them, silu and the
+    router-weighted sum in float64). Differentiable (training with plain or fake-quantized masters)."""
+    return moe_reference(x_TD, ids_TK, weights_TK, w13, w2, exact=True)
