@@ -15,14 +15,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from agent.errors import ConfigError as ConfigError  # raised here; importers take it from either
+
 APPROVALS = ("auto", "ask", "read-only")
 ENV = {"base_url": "COMPOSER_BASE_URL", "model": "COMPOSER_MODEL", "api_key": "COMPOSER_API_KEY",
        "context_window": "COMPOSER_CONTEXT_WINDOW"}
 DEFAULT_CONTEXT_WINDOW = 128_000
-
-
-class ConfigError(ValueError):
-    """A configuration or usage error: reported in one line, exit code 2."""
 
 
 @dataclass

@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agent.config import ConfigError
+from agent.errors import ConfigError
 from agent.tools.base import Tool, ToolResult
 from agent.tools.context import ToolContext
 

@@ -39,8 +39,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.aligned_pairs import TRITON_MAX_EXPERTS, TRITON_MAX_PAIRS, AlignedPairs, max_padded_length
 from kernels.launches import launch
-from kernels.moe_align import TRITON_MAX_EXPERTS, TRITON_MAX_PAIRS, AlignedPairs, max_padded_length
 
 # Elements of one [chunk, BLOCK_E] int32 tile: 8192 is 32 registers a thread with 8 warps.
 TILE = 8192

@@ -31,11 +31,11 @@ from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from serve import routed_experts
-from serve.api import ServerState, engine_error, request_id, unless_disconnected
 from serve.chat_format import ChatFormatError
 from serve.engine.base import SamplingParams
 from serve.generation import Finish, run_choice
 from serve.schemas import APIError, ChatCompletionRequest, NamedToolChoice
+from serve.state import ServerState, engine_error, request_id, unless_disconnected
 from serve.structured import GrammarError
 
 GRAMMAR_ENGINES = {"native", "hf"}  # engines whose sampling applies SamplingParams.grammar

@@ -15,11 +15,11 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from serve.api import ServerState, engine_error, request_id, unless_disconnected
 from serve.chat_api import per_choice_params, usage
 from serve.engine.base import SamplingParams
 from serve.generation import Finish, Piece, run_choice
 from serve.schemas import APIError, CompletionRequest
+from serve.state import ServerState, engine_error, request_id, unless_disconnected
 
 
 def prepare(state: ServerState, req: CompletionRequest) -> list[tuple[int, list[int], str, SamplingParams]]:

@@ -120,3 +120,104 @@ def test_cli_starts_without_heavy_imports(flag):
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "HEAVY="
+
+
+# -- no import circles ------------------------------------------------------------------------------
+
+
+def _module_file(mod: str) -> Path | None:
+    """The file of one of our modules (a package's __init__.py), else None."""
+    base = ROOT / mod.replace(".", "/")
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _reexports(init: Path) -> dict[str, str]:
+    """name -> the module a package's __init__.py imports it from (`from pkg.sub import name`)."""
+    out = {}
+    for node in ast.walk(ast.parse(init.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            for alias in node.names:
+                out[alias.asname or alias.name] = node.module
+    return out
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """file -> files of ours it imports anywhere (module level, in functions, under TYPE_CHECKING): a
+    lazy import still ties two files together. `from pkg import name` leads to the submodule `name`, or
+    to the module pkg/__init__.py takes `name` from, as a reader would follow it."""
+    graph: dict[str, set[str]] = {}
+    for pkg in PACKAGES:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            edges = graph.setdefault(rel, set())
+            for node in ast.walk(ast.parse(path.read_text(), filename=rel)):
+                targets: list[str] = []
+                if isinstance(node, ast.Import):
+                    targets = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    target = _module_file(node.module)
+                    for alias in node.names:
+                        sub = f"{node.module}.{alias.name}"
+                        if _module_file(sub) is not None:
+                            targets.append(sub)
+                        elif target is not None and target.name == "__init__.py":
+                            targets.append(_reexports(target).get(alias.name, node.module))
+                        else:
+                            targets.append(node.module)
+                for mod in targets:
+                    if mod.split(".")[0] in PACKAGES and (f := _module_file(mod)) is not None:
+                        other = f.relative_to(ROOT).as_posix()
+                        if other != rel:
+                            edges.add(other)
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected groups of more than one file (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_two_files_import_each_other():
+    """Files that import each other (directly or round a circle, lazily included) are one piece split in
+    two: move what both need to a module both can import (as serve/state.py, agent/errors.py,
+    train/rollouts.py and kernels/aligned_pairs.py were made)."""
+    assert _circles(_import_graph()) == []
+
+
+def test_the_circle_finder_finds_a_circle():
+    assert _circles({"a.py": {"b.py"}, "b.py": {"c.py"}, "c.py": {"a.py"}, "d.py": {"a.py"}}) == [
+        ["a.py", "b.py", "c.py"]]

@@ -37,7 +37,8 @@ def main(argv: list[str]) -> int:
 
     from agent.config import ConfigError, load_config
     from agent.tasks.eval import EvalConfig, run_eval, table
-    from agent.tasks.spec import TaskError, load_tasks
+    from agent.tasks.spec import TaskError
+    from agent.tasks.suites import load_tasks
 
     try:
         tasks = load_tasks(args.suite)

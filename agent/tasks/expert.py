@@ -73,7 +73,7 @@ class ExpertServer(ScriptedServer):
 def main(argv: list[str] | None = None) -> int:
     import time
 
-    from agent.tasks.spec import load_tasks
+    from agent.tasks.suites import load_tasks
 
     p = argparse.ArgumentParser(prog="python -m agent.tasks.expert", description="Serve the scripted expert.")
     p.add_argument("suite", help="a built-in suite name or a tasks JSONL")

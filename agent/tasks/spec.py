@@ -18,7 +18,7 @@ after the agent has finished. The agent's final answer is in the file named by $
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -92,52 +92,6 @@ class Task:
         defaults = {f.name: f.default for f in fields(Task)}
         return json.dumps({k: v for k, v in self.as_dict().items() if k in ("id", "prompt", "verify") or v != defaults[k]})
 
-
-_PATH_FIELDS = ("workspace", "repo", "hidden")
-
-
-def load_tasks(path: str | Path) -> list[Task]:
-    """Tasks from a JSONL file (or a built-in suite name, see agent.tasks.suites)."""
-    from agent.tasks.suites import SUITES, builtin
-
-    if str(path) in SUITES:
-        return builtin(str(path))
-    path = Path(path)
-    if not path.is_file():
-        raise TaskError(f"{path}: no such task file (built-in suites: {', '.join(SUITES)})")
-    names = {f.name for f in fields(Task)}
-    tasks, seen = [], set()
-    for n, raw in read_jsonl(path):
-        unknown = set(raw) - names
-        if unknown:
-            raise TaskError(f"{path}:{n}: unknown fields {sorted(unknown)}")
-        try:
-            task = Task(**raw)
-        except TypeError as e:
-            raise TaskError(f"{path}:{n}: {e}") from None
-        except TaskError as e:
-            raise TaskError(f"{path}:{n}: {e}") from None
-        resolved = {}
-        for name in _PATH_FIELDS:
-            value = getattr(task, name)
-            if value:
-                p = Path(value)
-                p = p if p.is_absolute() else (path.parent / p).resolve()
-                if not p.is_dir():
-                    raise TaskError(f"{path}:{n}: {name} {p} is not a folder")
-                resolved[name] = str(p)
-        if task.generator:
-            from agent.tasks.families import FAMILIES
-
-            if task.generator not in FAMILIES:
-                raise TaskError(f"{path}:{n}: unknown generator {task.generator!r} (known: {', '.join(FAMILIES)})")
-        if task.id in seen:
-            raise TaskError(f"{path}:{n}: duplicate task id {task.id!r}")
-        seen.add(task.id)
-        tasks.append(replace(task, **resolved))
-    if not tasks:
-        raise TaskError(f"{path}: no tasks")
-    return tasks
 
 
 def read_jsonl(path: Path) -> list[tuple[int, dict[str, Any]]]:

@@ -6,7 +6,7 @@ timer that runs only while some card is running.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from agent.protocol import (
     AssistantMessage,
@@ -20,14 +20,24 @@ from agent.protocol import (
 from agent.render import run_notice
 from agent.tui.panels import TodoPanel
 
-if TYPE_CHECKING:
-    from agent.tui.app import ComposerApp
+
+class FeedsApp(Protocol):
+    """What the feed needs of agent/tui/app.py's ComposerApp (a protocol, so the two do not import each other)."""
+
+    live: bool
+    status: Any
+    transcript: Any
+
+    def query_one(self, selector: Any) -> Any: ...
+    def set_interval(self, interval: float, callback: Any, *, pause: bool = False) -> Any: ...
+    def show_status(self) -> None: ...
+
 
 SPIN_S = 0.1
 
 
 class Feed:
-    def __init__(self, app: ComposerApp):
+    def __init__(self, app: FeedsApp):
         self.app = app
         self.frame = 0
         self.spinner = None

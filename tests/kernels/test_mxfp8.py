@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -250,3 +251,12 @@ def test_gpu_hardware_cast_matches_the_integer_rounding(mode):
     ref = quantize_mxfp8_reference(x.cpu(), 32, mode)
     assert same_bytes(hw[0], sw[0]) and same_bytes(hw[1], sw[1])
     assert same_bytes(hw[0].cpu(), ref[0]) and same_bytes(hw[1].cpu(), ref[1])
+
+
+def test_the_triton_helpers_nan_byte_is_the_formats():
+    """kernels/mxfp8_triton.py spells the E8M0 NaN byte as the literal 255 (it imports nothing of
+    kernels/mxfp8.py, which imports it): the format's constant must stay that."""
+    from kernels.mxfp8 import E8M0_NAN
+
+    src = (Path(__file__).resolve().parents[2] / "kernels" / "mxfp8_triton.py").read_text()
+    assert E8M0_NAN == 255 and "255" in src and "from kernels.mxfp8 import" not in src

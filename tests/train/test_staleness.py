@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from agent.tasks import Task
 from train.algo import LossConfig
-from train.rl import RLConfig, advantages_for, tasks_for_batch
+from train.rl import RLConfig, advantages_for
 from train.rollout import Episode
+from train.rollouts import tasks_for_batch
 from train.samples import Sample
 
 

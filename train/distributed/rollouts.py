@@ -1,4 +1,4 @@
-"""Rollouts on many processes or a Ray cluster, behind the interface of `train.rl.Rollouts`.
+"""Rollouts on many processes or a Ray cluster, behind the interface of `train.rollouts.Rollouts`.
 
 A driver thread (in the trainer's process) hands each episode to an idle rollout worker together with
 the inference endpoint it must use (least-loaded, sticky for the whole episode: `pool.EndpointPool`).
@@ -36,13 +36,13 @@ from agent.tasks import Task
 from train.distributed.pool import EndpointPool
 from train.distributed.worker import Job, ProcessBackend, RayBackend, WorkerSpec
 from train.rewards import RewardConfig
-from train.rl import RLConfig, Rollouts
 from train.rollout import Episode, RolloutConfig
+from train.rollouts import RLConfig, Rollouts
 from train.server import ServerError
 
 
 class DistributedRollouts(Rollouts):
-    """`train.rl.Rollouts` (staleness gate, batches, versions) with the episodes run by a worker pool."""
+    """`train.rollouts.Rollouts` (staleness gate, batches, versions) with the episodes run by a worker pool."""
 
     def __init__(
         self,

@@ -27,9 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.tasks.families import mutate
-from agent.tasks.families.pool import HELDOUT, TRAIN, Fn, Pool
+from agent.tasks.families.pool import HELDOUT, HELDOUT_BASE, TRAIN, Fn, Pool
 from agent.tasks.spec import Task
-from agent.tasks.suites import HELDOUT_BASE
 
 FAMILIES = ("bugfix", "find-def", "rename", "add-param")
 SIZES = {"small": 1, "medium": 3, "large": 5}

@@ -19,6 +19,9 @@ import random
 import re
 from dataclasses import dataclass
 
+HELDOUT_BASE = 1_000_000
+"""Seeds from here on draw from the held-out pool (HELDOUT), whose modules and functions training never sees."""
+
 
 @dataclass(frozen=True)
 class Fn:

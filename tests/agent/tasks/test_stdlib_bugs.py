@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from agent.tasks.spec import load_tasks
 from agent.tasks.stdlib_bugs import (
     FAMILY,
     Skip,
@@ -28,6 +27,7 @@ from agent.tasks.stdlib_bugs import (
     splice,
     targets,
 )
+from agent.tasks.suites import load_tasks
 from agent.tasks.workspace import Workspace
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.tasks.spec import load_tasks
+from agent.tasks.suites import load_tasks
 from agent.tasks.swebench import Skipped, parse_test_ids, resolve_repo, verify_command
 from agent.tasks.workspace import Workspace
 
