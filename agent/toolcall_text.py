@@ -13,6 +13,9 @@ returns items as soon as they are certain: content is emitted at once except for
 still open a tag; a tool call is emitted when its closing tag arrives. Anything malformed (bad JSON,
 an unclosed call at the end) falls back to plain content: the parser never raises on model output.
 
+With `tools` given, a call whose name none of them declares is not a call: its block stays text (a
+server must not return `tool_calls` for a tool the request never offered).
+
 Limits: text that merely mentions `<tool_call>` is taken as a call attempt; nested tags are not
 supported (neither format has them).
 """
@@ -66,6 +69,8 @@ class StreamParser:
             raise ValueError(f"unknown tool-call format {fmt!r}; expected one of {FORMATS}")
         self.fmt = fmt
         self.types = param_types_from_tools(tools)
+        # with tools given, a call of a name they do not declare is not a call: it stays text
+        self.declared = None if tools is None else set(self.types)
         self.reasoning = reasoning
         self.state = "think" if (reasoning and starts_in_reasoning) else "text"
         self.buf = ""
@@ -98,7 +103,7 @@ class StreamParser:
             out.append(Item("reasoning", self.buf))
         elif self.state == "call":
             body = self.buf.removesuffix("</tool_call>")
-            calls = self._parse_body(body)
+            calls = self._declared(self._parse_body(body))
             if calls:
                 out += [Item("tool_call", call=c) for c in calls]
             else:
@@ -147,7 +152,7 @@ class StreamParser:
             return
         body = self.buf[: i + len(close)] if self.bare else self.buf[:i]
         rest = self.buf[i + len(close) :]
-        calls = self._parse_body(body)
+        calls = self._declared(self._parse_body(body))
         if calls:
             out += [Item("tool_call", call=c) for c in calls]
         else:
@@ -156,6 +161,12 @@ class StreamParser:
         self.state, self.buf = "text", rest
 
     # -- bodies -----------------------------------------------------------------------------------
+
+    def _declared(self, calls: list[ParsedToolCall]) -> list[ParsedToolCall]:
+        """The block's calls, or none when one of them names a tool the request did not declare."""
+        if self.declared is not None and any(c.name not in self.declared for c in calls):
+            return []
+        return calls
 
     def _parse_body(self, body: str) -> list[ParsedToolCall]:
         text = body.strip()

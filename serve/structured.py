@@ -18,7 +18,9 @@ batch. What the grammars say:
   offered and tool_choice "auto", either that JSON or tool calls.
 
 JSON is written as `json.dumps` writes it (", " and ": ", no other whitespace): a model cannot loop on
-blanks. Tags that are single added tokens (`<tool_call>`) are matched as those tokens, as the tokenizer
+blanks. Tool arguments are constrained by `tool_arguments(schema)`: integers and numbers the schema leaves
+unbounded are bounded to what every JSON client reads exactly (±2**53 - 1), and objects that do not say
+otherwise take no undeclared properties, so a call cannot run past max_tokens on an extra key. Tags that are single added tokens (`<tool_call>`) are matched as those tokens, as the tokenizer
 would produce them. After the grammar completes, only the checkpoint's stop tokens are allowed.
 """
 
@@ -161,7 +163,7 @@ class Grammars:
         return f"c{i}: {self._lit(head)} a{i} {self._lit(end)}\n"
 
     def _args_rule(self, i: int, fn: dict[str, Any]) -> str:
-        schema = fn.get("parameters") or {"type": "object"}
+        schema = tool_arguments(fn.get("parameters") or {"type": "object"})
         if self.tool_format != "qwen3_coder":
             return f"a{i}: {_json(schema)}\n"
         # One block per property, in the schema's order, as the template writes them; a string value ends at
@@ -205,6 +207,36 @@ class Grammars:
             parts.append(f"<[{self.added_tokens[tok]}]>")
             rest = rest[pos + len(tok) :]
         return " ".join(parts) or '""'
+
+
+SAFE_INTEGER = 2**53 - 1  # the largest integer every JSON client reads exactly (JavaScript's Number.MAX_SAFE_INTEGER)
+
+
+def tool_arguments(schema: dict[str, Any]) -> dict[str, Any]:
+    """A tool's parameter schema as its calls are constrained: integers (and numbers) without bounds are
+    bounded to ±SAFE_INTEGER (a sampled 49-digit integer parses as nothing a client can use), and objects
+    that do not say otherwise take no properties beyond their declared ones (JSON Schema allows any by
+    default, and a sampled extra key, with whatever value follows it, can run a call past max_tokens, so
+    that it never closes and is not a call). A copy; the request's schema is not changed."""
+    if isinstance(schema, list):
+        return [tool_arguments(s) for s in schema]  # type: ignore[return-value]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: (tool_arguments(v) if k in _SUBSCHEMAS else v) for k, v in schema.items()}
+    for k in ("properties", "$defs", "definitions", "patternProperties"):
+        if isinstance(out.get(k), dict):
+            out[k] = {name: tool_arguments(sub) for name, sub in out[k].items()}
+    types = out.get("type") if isinstance(out.get("type"), list) else [out.get("type")]
+    if ("integer" in types or "number" in types) and not any(
+            b in out for b in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "enum", "const")):
+        out["minimum"], out["maximum"] = -SAFE_INTEGER, SAFE_INTEGER
+    if "object" in types and "additionalProperties" not in out and "patternProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+_SUBSCHEMAS = ("items", "prefixItems", "anyOf", "oneOf", "allOf", "not", "additionalProperties", "contains",
+               "if", "then", "else")
 
 
 def _json(schema: dict[str, Any] | None) -> str:

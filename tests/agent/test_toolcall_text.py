@@ -109,3 +109,18 @@ def test_format_restriction():
     assert not parse(HERMES, fmt="qwen3_coder").tool_calls
     with pytest.raises(ValueError):
         StreamParser("xml")
+
+
+def test_a_call_of_an_undeclared_tool_stays_text():
+    """With the request's tools known, a block naming another tool is not returned as a call."""
+    from agent.toolcall_text import parse
+
+    tools = [{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]
+    text = 'ok <tool_call>\n{"name": "rm_everything", "arguments": {}}\n</tool_call> and ' \
+           '<tool_call>\n{"name": "read_file", "arguments": {"path": "a"}}\n</tool_call>'
+    got = parse(text, "hermes", tools)
+    assert [c.name for c in got.tool_calls] == ["read_file"] and "rm_everything" in got.content
+    coder = parse("<tool_call>\n<function=shell>\n<parameter=cmd>\nls\n</parameter>\n</function>\n</tool_call>",
+                  "qwen3_coder", tools)
+    assert coder.tool_calls == [] and "<function=shell>" in coder.content
+    assert [c.name for c in parse(text, "hermes").tool_calls] == ["rm_everything", "read_file"]  # no tools: all
