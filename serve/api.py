@@ -1,4 +1,5 @@
-"""The OpenAI-compatible HTTP API: /health, /v1/models, /v1/chat/completions, /v1/completions, /metrics,
+"""The OpenAI-compatible HTTP API: /health, /v1/models, /v1/chat/completions, /v1/completions, /v1/responses
+(serve/responses_api.py), /metrics,
 and /v1/load_weights (RL training: serve a new checkpoint in place, under a new policy version).
 
 Every error is OpenAI-shaped (`{"error": {"message", "type", "param", "code"}}`): 400 for invalid
@@ -31,6 +32,7 @@ from serve.engine.base import EngineStopped
 from serve.engine.weights import RequestAborted, WeightLoadError
 from serve.guard import Guard, route_template
 from serve.openapi import errors, install_openapi
+from serve.responses_api import ResponsesRequest
 from serve.schemas import (
     APIError,
     ChatCompletionRequest,
@@ -190,6 +192,12 @@ def create_app(state: ServerState) -> FastAPI:
         from serve.text_api import text_completion
 
         return await text_completion(state, body, request)
+
+    @app.post("/v1/responses", responses=completion_responses)
+    async def responses(body: ResponsesRequest, request: Request):
+        from serve.responses_api import create_response
+
+        return await create_response(state, body, request)
 
     @app.post("/v1/load_weights", responses=errors(400, 403))
     async def load_weights(body: LoadWeightsRequest) -> dict[str, Any]:

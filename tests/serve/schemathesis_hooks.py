@@ -30,7 +30,8 @@ def map_path_parameters(context, path_parameters):
 # about the conversation, a JSON Schema valid as such that no grammar can be built from). Each has its own
 # `code`, so only these are let through.
 SEMANTIC = {"context_length_exceeded", "empty_prompt", "invalid_token_id", "invalid_tool_choice",
-            "logprobs_required", "chat_template_error", "invalid_json_schema"}
+            "logprobs_required", "chat_template_error", "invalid_json_schema",
+            "unsupported_parameter"}  # /v1/responses: previous_response_id, as no response is stored
 
 
 SEED_RANGE = (-(2**63), 2**64 - 1)  # serve/schemas.py

@@ -1,0 +1,82 @@
+"""POST /v1/responses with the official openai SDK (`client.responses.create`) against composer-serve on a
+tiny random checkpoint: plain text, forced function calls and their outputs sent back as input items,
+streamed and not, and clear 400s for what the server does not keep or know."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import openai
+import pytest
+
+from .conftest import start_server
+
+READ = {"type": "object", "properties": {"path": {"type": "string", "maxLength": 20}}, "required": ["path"]}
+TOOLS = [{"type": "function", "name": "read_file", "description": "Read a file", "parameters": READ}]
+
+
+@pytest.fixture(scope="module")
+def client(tiny_hermes):
+    srv = start_server(tiny_hermes, "--served-model-name", "tiny", "--dtype", "float32")
+    yield openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0)
+    srv.stop()
+
+
+def test_text_answer_with_usage_and_incomplete_at_max_output_tokens(client):
+    r = client.responses.create(model="tiny", input="hello", instructions="Be brief.", max_output_tokens=16)
+    assert r.object == "response" and r.id.startswith("resp_") and r.model == "tiny"
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"  # a random model never stops
+    assert r.output[0].type == "message" and r.output_text == r.output[0].content[0].text and r.output_text
+    assert r.usage.output_tokens == 16 and r.usage.input_tokens > 0
+    assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+
+
+def test_forced_function_calls_and_their_outputs_round_trip(client):
+    r = client.responses.create(model="tiny", input=[{"role": "user", "content": "read a"}], tools=TOOLS,
+                                tool_choice="required", max_output_tokens=200, parallel_tool_calls=False)
+    calls = [o for o in r.output if o.type == "function_call"]
+    assert r.status == "completed" and len(calls) == 1, r.output
+    call = calls[0]
+    assert call.name == "read_file" and call.call_id and call.status == "completed"
+    jsonschema.validate(json.loads(call.arguments), READ)
+    named = client.responses.create(model="tiny", input="read", tools=TOOLS, max_output_tokens=200,
+                                    tool_choice={"type": "function", "name": "read_file"})
+    assert [o.type for o in named.output if o.type == "function_call"]
+    # the call and its output sent back as input items: the next turn renders them as a tool exchange
+    follow = client.responses.create(model="tiny", max_output_tokens=8, tools=TOOLS, input=[
+        {"role": "user", "content": [{"type": "input_text", "text": "read a"}]},
+        {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": call.call_id, "output": "x = 1"}])
+    assert follow.status == "incomplete" and follow.output_text
+
+
+def test_streamed_events_add_up_to_the_final_response(client):
+    stream = client.responses.create(model="tiny", input="hi", max_output_tokens=12, stream=True)
+    events = list(stream)
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert kinds[-1] == "response.incomplete" and "response.output_text.done" in kinds
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    final = events[-1].response
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == final.output_text
+    calls = list(client.responses.create(model="tiny", input="read", tools=TOOLS, tool_choice="required",
+                                         max_output_tokens=200, stream=True))
+    kinds = [e.type for e in calls]
+    assert "response.function_call_arguments.done" in kinds and kinds[-1] == "response.completed"
+    done = [e.item for e in calls if e.type == "response.output_item.done" and e.item.type == "function_call"]
+    assert done and all(json.loads(i.arguments) for i in done)
+
+
+@pytest.mark.parametrize(("extra", "param"), [
+    ({"previous_response_id": "resp_x"}, "previous_response_id"),
+    ({"tools": [{"type": "web_search"}]}, "tools"),
+    ({"input": [{"type": "computer_call"}]}, "input"),
+    ({"input": [{"role": "robot", "content": "hi"}]}, "input"),
+    ({"tool_choice": {"type": "function", "name": "nope"}, "tools": TOOLS}, "tool_choice"),
+])
+def test_what_it_cannot_do_is_a_400(client, extra, param):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(**({"model": "tiny", "input": "hi", "max_output_tokens": 4} | extra))
+    assert e.value.status_code == 400 and e.value.body["param"] == param
