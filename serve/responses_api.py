@@ -11,8 +11,9 @@ output items added, text and argument deltas, items done, then response.complete
 with its sequence_number.
 
 Limits: nothing is stored (`store` is accepted and ignored), so `previous_response_id` is refused with a
-400: send the whole conversation as `input`. Only function tools (built-in tools such as web search are
-refused); `text.format` json_schema / json_object map to the chat API's response_format.
+400: send the whole conversation as `input`. Only function tools are offered to the model; others
+(web_search, namespaces of tools) are accepted and left out. `text.format` json_schema / json_object map
+to the chat API's response_format.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 
 from serve.chat_api import ChoiceOut, Prepared, choice_events, prepare, usage
 from serve.schemas import (
@@ -45,6 +46,20 @@ class ResponsesTool(FunctionSpec):
 
     type: Literal["function"]
     strict: bool | None = None
+
+
+class OtherTool(_Lenient):
+    """A tool that is not a function (web_search, a namespace of tools, ...): accepted, not offered to the
+    model (clients such as Codex CLI send them on every request)."""
+
+    type: str
+
+    @field_validator("type")
+    @classmethod
+    def _not_function(cls, v: str) -> str:
+        if v == "function":
+            raise ValueError("a function tool needs a name and a JSON Schema object as parameters")
+        return v
 
 
 class TextPart(_Lenient):
@@ -87,7 +102,7 @@ class ResponsesRequest(_NoSurrogates):
     model: str
     input: str | Annotated[list[InputItem], Field(min_length=1)]
     instructions: str | None = None
-    tools: list[ResponsesTool] | None = None
+    tools: list[ResponsesTool | OtherTool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedFunctionChoice | None = None
     parallel_tool_calls: bool = True
     max_output_tokens: Int(ge=1) | None = None
@@ -128,7 +143,7 @@ def to_chat(req: ResponsesRequest) -> ChatCompletionRequest:
         raise APIError(400, "input holds no message or function call to answer", param="input", code="empty_prompt")
     body: dict[str, Any] = {"model": req.model, "messages": messages, "parallel_tool_calls": req.parallel_tool_calls}
     tools = [{"type": "function", "function": t.model_dump(exclude_none=True, exclude={"type", "strict"})}
-             for t in req.tools or []]
+             for t in req.tools or [] if isinstance(t, ResponsesTool)]
     if tools:
         body["tools"] = tools
     choice: Any = req.tool_choice

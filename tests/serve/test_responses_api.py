@@ -51,6 +51,13 @@ def test_forced_function_calls_and_their_outputs_round_trip(client):
     assert follow.status == "incomplete" and follow.output_text
 
 
+def test_tools_that_are_not_functions_are_accepted_and_not_offered(client):
+    """Codex CLI sends web_search and a namespace of tools with every request."""
+    r = client.responses.create(model="tiny", input="read", max_output_tokens=200, tool_choice="required", tools=[
+        {"type": "web_search"}, {"type": "namespace", "name": "agents", "tools": []}, *TOOLS])
+    assert [o.name for o in r.output if o.type == "function_call"] and r.status == "completed"
+
+
 def test_streamed_events_add_up_to_the_final_response(client):
     stream = client.responses.create(model="tiny", input="hi", max_output_tokens=12, stream=True)
     events = list(stream)
@@ -71,7 +78,7 @@ def test_streamed_events_add_up_to_the_final_response(client):
 
 @pytest.mark.parametrize(("extra", "param"), [
     ({"previous_response_id": "resp_x"}, "previous_response_id"),
-    ({"tools": [{"type": "web_search"}]}, "tools"),
+    ({"tools": [{"type": "function", "name": "f", "parameters": {"type": "array"}}]}, "tools"),
     ({"input": [{"type": "computer_call"}]}, "input"),
     ({"input": [{"role": "robot", "content": "hi"}]}, "input"),
     ({"tool_choice": {"type": "function", "name": "nope"}, "tools": TOOLS}, "tool_choice"),
