@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -111,8 +112,6 @@ def result_line(event: ToolCallFinished) -> str:
 def changes(root: Path) -> list[str]:
     """What the run changed, from `git diff` (not from what the model says): per hunk, the file, the
     function around it and its changed lines. [] without git or without changes."""
-    import re
-
     try:
         p = subprocess.run(["git", "diff", "-U0", "--no-color", "--no-ext-diff"], cwd=root, capture_output=True,
                            text=True, timeout=30)
@@ -135,8 +134,6 @@ def changes(root: Path) -> list[str]:
 
 def _enclosing_def(path: Path, line_no: int) -> str:
     """", in NAME()" for the innermost def at or above line `line_no` (1-based) of the file, else ""."""
-    import re
-
     try:
         lines = path.read_text().splitlines()[:line_no]
     except (OSError, UnicodeDecodeError):

@@ -256,6 +256,7 @@ async def _stream(state: ServerState, req: ResponsesRequest, p: Prepared, rid: s
     text_at: int | None = None  # output index of the open message item
     text: list[str] = []
     reasoning: list[str] = []
+    thought_at: int | None = None  # output index of the reasoning item (it comes first, as when not streamed)
     try:
         async for kind, value in choice_events(state, p, p.params, state.stream_interval):
             if kind == "content" and value:
@@ -269,6 +270,10 @@ async def _stream(state: ServerState, req: ResponsesRequest, p: Prepared, rid: s
                 yield event("response.output_text.delta", item_id=f"msg_{rid}", output_index=text_at,
                             content_index=0, delta=value, logprobs=[])
             elif kind == "reasoning" and value:
+                if thought_at is None:
+                    thought_at = len(output)
+                    output.append(_reasoning_item(rid, ""))
+                    yield event("response.output_item.added", output_index=thought_at, item=output[thought_at])
                 reasoning.append(value)
             elif kind == "tool_call":
                 if text_at is not None:
@@ -288,8 +293,9 @@ async def _stream(state: ServerState, req: ResponsesRequest, p: Prepared, rid: s
                 out = value
                 if text_at is not None:
                     yield close_text(event, output, text_at, rid, "".join(text))
-                if reasoning:
-                    output.insert(0, _reasoning_item(rid, "".join(reasoning)))
+                if thought_at is not None:
+                    output[thought_at] = _reasoning_item(rid, "".join(reasoning))
+                    yield event("response.output_item.done", output_index=thought_at, item=output[thought_at])
                 if not output:  # nothing was said: still one (empty) message, as a non-streamed answer has
                     output.append(_message_item(rid, "", "completed"))
                 status = "incomplete" if out.finish_reason == "length" else "completed"

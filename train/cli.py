@@ -17,6 +17,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+from serve.cli import DTYPES  # what composer-serve serves in (a light import: argparse and the stdlib)
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="composer-train", description=__doc__.split("\n")[0])
@@ -151,8 +153,6 @@ def _numerics_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-invariant", action="store_true", help="batch-invariant numerics, trainer and launched "
                    "server both (composer-serve --batch-invariant): log-probs equal bit for bit")
 
-
-DTYPES = ("bfloat16", "float16", "float32", "float64")  # train/trainer.py's; not imported: keeps --help light
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,6 +43,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from serve.cli import DTYPES
 from serve.model.loader import load_model
 from train.algo import LossConfig, policy_loss
 from train.checkpoint import load_training, read_policy, save_policy
@@ -90,8 +91,6 @@ class TrainerConfig:
         if self.dtype not in (None, *DTYPES):
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
 
-
-DTYPES = ("bfloat16", "float16", "float32", "float64")
 
 
 def compute_dtype(model_dir: str | Path, dtype: str | None, device: torch.device) -> torch.dtype:

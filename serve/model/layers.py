@@ -140,7 +140,12 @@ def paged_attention(q_THC: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
             if exact:
                 o_BHC = numerics.attention(q_BHC.unsqueeze(2), k_BGLC, v_BGLC, meta.decode_mask_B1L).squeeze(2)
             else:
-                o_BHC = attention(q_BHC.unsqueeze(2), k_BGLC, v_BGLC, meta.decode_mask_B1L[:, None]).squeeze(2)
+                # One query a row: SDPA's math path with grouped heads reads K/V as they are. The flash kernel
+                # would need them repeated per head first: 2.6x (bf16) to 25x (float64) slower at Qwen3-30B's
+                # heads, 8 rows of 2,048 keys (measured on the 2-core VM).
+                o_BHC = F.scaled_dot_product_attention(q_BHC.unsqueeze(2), k_BGLC, v_BGLC,
+                                                       attn_mask=meta.decode_mask_B1L[:, None],
+                                                       enable_gqa=q_BHC.shape[1] != num_kv_heads).squeeze(2)
         if only_decode:
             return o_BHC
     out_THC = torch.empty_like(q_THC)
@@ -164,9 +169,9 @@ def paged_attention(q_THC: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
 def attention(q_BHQC: torch.Tensor, k_BGLC: torch.Tensor, v_BGLC: torch.Tensor,
               mask_BQL: torch.Tensor | None = None) -> torch.Tensor:
     """SDPA of queries [B, H, Q, C] over keys [B, G, L, C]: causal (None) or where the bool mask allows
-    ([Q, L] or [B, 1, Q, L]: the CPU flash kernel takes no other shape). The server's decode rows, its prefill chunks and the trainer's whole sequences
-    all call this, so they take the same kernel (and sum in float32; SDPA's math path would round the
-    scores to the model's dtype)."""
+    ([Q, L] or [B, 1, Q, L]: the CPU flash kernel takes no other shape). The server's prefill chunks and
+    the trainer's whole sequences both call this, so they take the same kernel (and sum in float32; SDPA's
+    math path would round the scores to the model's dtype)."""
     if q_BHQC.device.type == "cpu":
         # torch's CPU flash kernel takes [B, H, L, C], a mask, and no enable_gqa (else SDPA falls back to
         # its math path, which materialises [H, Q, L] scores in the model's dtype: a 283-token turn after
