@@ -1,14 +1,18 @@
 """Checkpoints: a serving folder composer-serve loads as it is, plus what resuming needs.
 
     DIR/config.json, tokenizer files, chat_template.jinja, generation_config.json   (copied from the base)
-    DIR/model.safetensors        dense weights + experts: MXFP8 (fp8 data + E8M0 scales, the layout
-                                 serve/model/loader.py reads) when trained so, else per-expert tensors
+    DIR/model.safetensors        dense weights + experts: MXFP8 in the compressed-tensors layout (per-expert
+                                 fp8 `.weight` + uint8 E8M0 `.weight_scale`, serve/model/ct_format.py; vLLM
+                                 reads it, config.json's `quantization_config` says so) when trained so, else
+                                 plain per-expert tensors
+    DIR/README.md                how to load it elsewhere (transformers needs `composer-train export`)
     DIR/composer_policy.json     policy_version, step, chat template hash, expert format
     DIR/training/masters.safetensors, optimizer.pt, state.json     (resume only: fp32 masters, AdamW
                                  moments, step, RNG states, the data loader's position)
 
 `export_hf` writes the same weights (experts dequantized from what is served) as a plain bf16 or
-fp32 checkpoint in the per-expert layout of real Qwen3-MoE checkpoints, which transformers loads.
+fp32 checkpoint in the per-expert layout of real Qwen3-MoE checkpoints, which transformers loads
+(`composer-train export`).
 Every folder is written under a temporary name and renamed into place, so a crash mid-save leaves the
 previous checkpoint whole.
 """
@@ -28,6 +32,7 @@ import torch
 
 from kernels import MXFP8Tensor
 from serve.engine.weights import POLICY_FILE
+from serve.model import ct_format
 from serve.model.loader import save_mxfp8_experts
 from serve.model.qwen3_moe import Qwen3MoeModel, SparseMoE
 
@@ -67,7 +72,9 @@ def _per_expert(model: Qwen3MoeModel, dtype: torch.dtype, served: bool) -> dict[
         if not isinstance(layer.mlp, SparseMoE):
             continue
         w13, w2 = layer.mlp.w13, layer.mlp.w2
-        if served and layer.mlp.train_mxfp8:  # what the server computes with, not the masters
+        if isinstance(w13, MXFP8Tensor):  # loaded from an MXFP8 checkpoint: exactly what is served
+            w13, w2 = w13.dequantize(torch.float32), w2.dequantize(torch.float32)
+        elif served and layer.mlp.train_mxfp8:  # what the server computes with, not the masters
             w13, w2 = MXFP8Tensor.quantize(w13.detach()).dequantize(dtype), MXFP8Tensor.quantize(w2.detach()).dequantize(dtype)
         inter = w13.shape[1] // 2
         for e in range(w13.shape[0]):
@@ -98,13 +105,31 @@ def _write_dir(out_dir: Path, fill) -> Path:
     return out_dir
 
 
-def _copy_base(base_dir: Path, dst: Path, dtype: torch.dtype) -> None:
+def _copy_base(base_dir: Path, dst: Path, dtype: torch.dtype, mxfp8_experts: bool) -> None:
     for name in COPIED:
         if (base_dir / name).exists():
             shutil.copy(base_dir / name, dst / name)
     cfg = json.loads((dst / "config.json").read_text())
     cfg["torch_dtype"] = cfg["dtype"] = str(dtype).removeprefix("torch.")
+    cfg.pop("quantization_config", None)  # the base's says how ITS weights were stored, not these
+    if mxfp8_experts:
+        cfg["quantization_config"] = ct_format.quantization_config()
     (dst / "config.json").write_text(json.dumps(cfg, indent=2))
+    (dst / "README.md").write_text(model_card(dst.name, mxfp8_experts))
+
+
+def model_card(name: str, mxfp8_experts: bool) -> str:
+    """The checkpoint's README: what it is and what reads it."""
+    if not mxfp8_experts:
+        return (f"# {name}\n\nA Qwen3-MoE checkpoint written by composer-train: plain weights in the per-expert layout "
+                "of Qwen3-MoE checkpoints. composer-serve, transformers and vLLM load it as it is.\n")
+    return (f"# {name}\n\nA Qwen3-MoE checkpoint written by composer-train. Its experts are MXFP8 in the "
+            "compressed-tensors `mxfp8-quantized` layout (fp8 `weight` + uint8 E8M0 `weight_scale` per expert "
+            "projection, groups of 32), as `quantization_config` in config.json says.\n\n"
+            "- composer-serve: `composer-serve --model DIR`\n"
+            "- vLLM: `vllm serve DIR --dtype bfloat16` (compressed-tensors MXFP8 MoE)\n"
+            f"- transformers: {ct_format.EXPORT_HINT}. Loading this folder directly fails in transformers' "
+            "weight conversion (and without the compressed-tensors package, on the missing package).\n")
 
 
 def save_policy(model: Qwen3MoeModel, base_dir: str | Path, out_dir: str | Path, *, policy_version: int,
@@ -116,7 +141,7 @@ def save_policy(model: Qwen3MoeModel, base_dir: str | Path, out_dir: str | Path,
     dtype = model.embed_tokens.weight.dtype
 
     def fill(tmp: Path) -> None:
-        _copy_base(base_dir, tmp, dtype)
+        _copy_base(base_dir, tmp, dtype, mxfp8_experts)
         tensors = _dense_state(model)
         tensors |= save_mxfp8_experts(model) if mxfp8_experts else _per_expert(model, dtype, served=False)
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
@@ -168,7 +193,7 @@ def export_hf(model: Qwen3MoeModel, base_dir: str | Path, out_dir: str | Path,
     base_dir = Path(base_dir)
 
     def fill(tmp: Path) -> None:
-        _copy_base(base_dir, tmp, dtype)
+        _copy_base(base_dir, tmp, dtype, mxfp8_experts=False)
         tensors = {k: v.to(dtype) for k, v in _dense_state(model).items()} | _per_expert(model, dtype, served=True)
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
 

@@ -3,6 +3,7 @@
     composer-train rl --model DIR --tasks TASKS.jsonl --out RUN [--steps N --max-staleness 1 ...] [--resume]
     composer-train sft --model DIR --out OUT SESSION.jsonl|DIR ...
     composer-train check SESSION.jsonl --model DIR
+    composer-train export DIR --out OUT [--dtype bf16|fp32]  # a plain copy for tools that read no MXFP8 (transformers)
     composer-train expert-data SUITE --model DIR --out OUT    # token-exact SFT data from the scripted expert
     composer-train recipe tiny --out DIR [--seed S] [--smoke]  # expert data -> tokenizer -> SFT -> RL -> eval -> export
 
@@ -144,7 +145,16 @@ def build_parser() -> argparse.ArgumentParser:
     chk.add_argument("--json", action="store_true", help="print the report as JSON")
     chk.add_argument("--dtype", choices=DTYPES, help="score in this dtype (default: what the session's requests "
                      "say they were served in, else as the trainer's default)")
+
+    ex = sub.add_parser("export", help="write a checkpoint as plain weights (MXFP8 experts dequantized, exactly "
+                        "as served) for tools that cannot read MXFP8, such as transformers")
+    ex.add_argument("model", help="checkpoint folder (what composer-train writes, or any Qwen3-MoE checkpoint)")
+    ex.add_argument("--out", required=True, help="folder to write (replaced whole if it exists)")
+    ex.add_argument("--dtype", choices=EXPORT_DTYPES, default="bf16", help="weights' dtype (default bf16)")
     return p
+
+
+EXPORT_DTYPES = ("bf16", "fp16", "fp32", "bfloat16", "float16", "float32")
 
 
 def _numerics_flags(p: argparse.ArgumentParser) -> None:
@@ -162,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return {"rl": _rl, "sft": _sft, "check": _check, "expert-data": _expert_data,
-                "recipe": _recipe}[args.command](args)
+                "recipe": _recipe, "export": _export}[args.command](args)
     except (ValueError, FileNotFoundError) as e:  # bad input: a clear message, no traceback
         print(f"composer-train: error: {e}", file=sys.stderr)
         return 2
@@ -173,6 +183,24 @@ def _model_dir(path: str) -> Path:
     if not (d / "config.json").is_file():
         raise ValueError(f"{path} is not a checkpoint folder (no config.json)")
     return d
+
+
+def _export(args) -> int:
+    import torch
+
+    from serve.model.loader import load_model
+    from train.checkpoint import export_hf
+
+    src, out = _model_dir(args.model), Path(args.out)
+    if out.resolve() == src.resolve():
+        raise ValueError("--out must differ from the checkpoint it exports")
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}.get(args.dtype) \
+        or getattr(torch, args.dtype)
+    model = load_model(src, dtype=torch.float32, quant="none")  # MXFP8 experts stay as served
+    export_hf(model, src, out, dtype=dtype)
+    print(f"{out}: plain {str(dtype).removeprefix('torch.')} checkpoint (transformers: "
+          f"AutoModelForCausalLM.from_pretrained({str(out)!r}))")
+    return 0
 
 
 def _rl(args) -> int:

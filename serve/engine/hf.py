@@ -68,6 +68,9 @@ class HFEngine(Engine):
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.torch_dtype = resolve_dtype(dtype, self.device)
         self.serve_dtype = str(self.torch_dtype).removeprefix("torch.")
+        from serve.model.ct_format import refuse_for_transformers
+
+        refuse_for_transformers(model_dir)
         config = AutoConfig.from_pretrained(model_dir)
         self.max_model_len = max_model_len or getattr(config, "max_position_embeddings", 4096)
         self.policy_version = read_policy_version(model_dir) or 0
@@ -127,7 +130,10 @@ class HFEngine(Engine):
     def _check_fits(self, folder) -> None:
         from transformers import AutoConfig
 
+        from serve.model.ct_format import refuse_for_transformers
+
         try:
+            refuse_for_transformers(folder)
             new = AutoConfig.from_pretrained(folder).to_dict()
         except (OSError, ValueError, KeyError) as e:
             raise WeightLoadError(f"{folder}: not a checkpoint this engine can load: {e}") from None

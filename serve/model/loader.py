@@ -6,8 +6,10 @@ Experts arrive per expert (`mlp.experts.{e}.{gate,up,down}_proj.weight`, the lay
 checkpoints) or fused (`mlp.experts.gate_up_proj`, transformers 5); they are stacked into w13
 [E, 2I, D] and w2 [E, D, I]. With quant="mxfp8" each layer's experts are quantized as soon as the
 layer is complete, so only one layer's high-precision experts exist at a time. Checkpoints that
-already store MXFP8 experts (what train/ saves: fp8 `gate_up_proj` plus uint8 E8M0
-`gate_up_proj_scale`) load as is.
+already store MXFP8 experts load as is: the compressed-tensors layout (per-expert fp8 `.weight` plus
+uint8 E8M0 `.weight_scale`, serve/model/ct_format.py; what train/ writes) and the fused layout train/
+wrote before it (fp8 `gate_up_proj` plus `gate_up_proj_scale`). A checkpoint quantized any other way
+is refused by name rather than read as numbers it is not.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ from pathlib import Path
 import torch
 
 from kernels import MXFP8Tensor
-from serve.model.config import ModelConfig
+from serve.model import ct_format
+from serve.model.config import ModelConfig, UnsupportedModel
 from serve.model.qwen3_moe import Qwen3MoeModel, SparseMoE
 
-_EXPERT = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+_EXPERT = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight(_scale)?$")
 _FUSED = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)(_scale)?$")
 
 
@@ -51,12 +54,18 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
 
     path = Path(path)
     cfg = ModelConfig.from_dir(path)
+    qc = json.loads((path / "config.json").read_text()).get("quantization_config")
+    if not ct_format.is_ours(qc):
+        raise UnsupportedModel(f"{path} is quantized as {ct_format.describe(qc)}; the native engine reads "
+                               "unquantized checkpoints and MXFP8 experts (compressed-tensors mxfp8-quantized); "
+                               "use --engine vllm")
     model = empty_model(cfg, device, dtype)
     params = dict(model.named_parameters())
     moes = {i: layer.mlp for i, layer in enumerate(model.layers) if isinstance(layer.mlp, SparseMoE)}
     E, inter, D = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
     pending: dict[int, dict[str, torch.Tensor | int]] = {}
     fused_mx: dict[int, dict[str, torch.Tensor]] = {}
+    expert_mx: dict[int, dict[str, torch.Tensor | int]] = {}
     loaded: set[str] = set()
 
     def layer_buffers(i: int) -> dict:
@@ -71,13 +80,34 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
         moes[i].w13, moes[i].w2 = w13, w2
         pending.pop(i, None)
 
+    def expert_mx_buffers(i: int) -> dict:
+        if i not in expert_mx:
+            u8 = dict(dtype=torch.uint8, device=device)
+            expert_mx[i] = {"w13": torch.empty(E, 2 * inter, D, dtype=torch.float8_e4m3fn, device=device),
+                            "w2": torch.empty(E, D, inter, dtype=torch.float8_e4m3fn, device=device),
+                            "w13_scale": torch.empty(E, 2 * inter, D // 32, **u8),
+                            "w2_scale": torch.empty(E, D, inter // 32, **u8), "count": 0}
+        return expert_mx[i]
+
     for shard in shard_files(path):
         with safe_open(str(shard), framework="pt", device="cpu") as f:
             for name in f.keys():
                 if m := _EXPERT.match(name):
-                    i, e, which = int(m.group(1)), int(m.group(2)), m.group(3)
-                    buf = layer_buffers(i)
+                    i, e, which, is_scale = int(m.group(1)), int(m.group(2)), m.group(3), bool(m.group(4))
                     t = f.get_tensor(name)
+                    if is_scale or t.dtype == torch.float8_e4m3fn:  # compressed-tensors MXFP8
+                        buf = expert_mx_buffers(i)
+                        key = ("w2" if which == "down_proj" else "w13") + ("_scale" if is_scale else "")
+                        rows = slice(None) if which == "down_proj" else slice(0, inter) if which == "gate_proj" \
+                            else slice(inter, 2 * inter)
+                        buf[key][e, rows].copy_(t.view(torch.uint8) if is_scale else t)
+                        buf["count"] += 1
+                        if buf["count"] == 6 * E:
+                            finish_layer(i, MXFP8Tensor(buf["w13"], _e8m0(buf["w13_scale"])),
+                                         MXFP8Tensor(buf["w2"], _e8m0(buf["w2_scale"])))
+                            expert_mx.pop(i)
+                        continue
+                    buf = layer_buffers(i)
                     if which == "gate_proj":
                         buf["w13"][e, :inter].copy_(t)
                     elif which == "up_proj":
@@ -106,12 +136,15 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
                     key = name.removeprefix("model.") if name.startswith("model.") and name != "lm_head.weight" else name
                     if key not in params:
                         continue  # e.g. rotary buffers some exporters save
+                    if f.get_slice(name).get_dtype().startswith("F8"):
+                        raise UnsupportedModel(f"{path}: {name} is stored in fp8; the native engine reads fp8 "
+                                               "only for MXFP8 experts")
                     params[key].data.copy_(f.get_tensor(name))
                     loaded.add(key)
     missing = [k for k in params if k not in loaded]
-    if missing or pending or any(moe.w13.numel() == 0 if isinstance(moe.w13, torch.Tensor) else False
+    if missing or pending or expert_mx or any(moe.w13.numel() == 0 if isinstance(moe.w13, torch.Tensor) else False
                                  for moe in moes.values()):
-        raise ValueError(f"{path}: checkpoint is incomplete: missing {missing[:5] or sorted(pending)[:5]}")
+        raise ValueError(f"{path}: checkpoint is incomplete: missing {missing[:5] or sorted(pending | expert_mx)[:5]}")
     model.eval()
     return model
 
@@ -121,12 +154,12 @@ def _e8m0(scales: torch.Tensor) -> torch.Tensor:
 
 
 def save_mxfp8_experts(model: Qwen3MoeModel) -> dict[str, torch.Tensor]:
-    """The expert tensors of `model` in the MXFP8 checkpoint layout this loader reads (for train/)."""
+    """The expert tensors of `model` in MXFP8, compressed-tensors layout (for train/; config.json then
+    needs `ct_format.quantization_config()`). Plain experts are quantized here as the server would."""
     out = {}
     for i, layer in enumerate(model.layers):
         if isinstance(layer.mlp, SparseMoE):
-            for which, w in (("gate_up_proj", layer.mlp.w13), ("down_proj", layer.mlp.w2)):
-                mx = w if isinstance(w, MXFP8Tensor) else MXFP8Tensor.quantize(w)
-                out[f"model.layers.{i}.mlp.experts.{which}"] = mx.data.contiguous()
-                out[f"model.layers.{i}.mlp.experts.{which}_scale"] = mx.scales.view(torch.uint8).contiguous()
+            w13, w2 = (w if isinstance(w, MXFP8Tensor) else MXFP8Tensor.quantize(w.detach())
+                       for w in (layer.mlp.w13, layer.mlp.w2))
+            out |= ct_format.expert_tensors(i, w13, w2)
     return out
