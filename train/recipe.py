@@ -40,6 +40,7 @@ EXPORT_FILES = (
     "chat_template.jinja",
     "generation_config.json",
     "composer_policy.json",
+    "README.md",
 )
 
 
