@@ -8,12 +8,14 @@ float32/bf16 masters; exporting them with `MXFP8Tensor.quantize` reproduces the 
 - `fake_quantize_mxfp8(w)`: the building block, differentiable (identity gradient).
 - `mxfp8_linear(x, w, bias)` / `MXFP8Linear`: a linear layer that saves the fp8 bytes (1 + 1/32 bytes per
   weight) rather than a dequantized copy for its backward pass.
-- `mxfp8_moe(x, ids, weights, w13, w2)`: the expert layer. Its forward is `moe_forward` on the freshly
-  quantized weights, i.e. the served kernel itself on a GPU; its backward recomputes the grouped torch
-  reference on the dequantized weights and differentiates that (x, router weights, both expert tensors).
+- `mxfp8_moe(x, ids, weights, w13, w2)`: the expert layer. Its forward is `moe_forward` on the
+  quantized weights, i.e. the served kernel itself on a GPU; its backward is kernels/moe_grouped.py's
+  grouped GEMMs over the pairs sorted by expert, on the dequantized weights (x, router weights, both
+  expert tensors). With a `QuantCache` the masters are quantized once per optimizer step: the cache
+  holds the MXFP8 copy while the masters' version counters (bumped by every in-place update, i.e. by
+  the optimizer) are unchanged, so every micro-batch of a step reuses it.
 
-Limits: the backward pass runs in torch (bf16 matmuls), not in fused kernels; weights are re-quantized on
-every forward call (cheap next to the matmuls, and it is what keeps train and serve identical).
+Limits: the backward's matmuls are torch grouped GEMMs (bf16), not fused kernels.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch.nn.functional as F
 
 from kernels.backend import Backend
 from kernels.moe import moe_forward
-from kernels.moe_reference import moe_reference
+from kernels.moe_grouped import moe_backward
 from kernels.mxfp8 import MXFP8Tensor, ScaleMode, dequantize_mxfp8, quantize_mxfp8
 
 
@@ -81,11 +83,33 @@ class MXFP8Linear(torch.nn.Linear):
         return mxfp8_linear(x, self.weight, self.bias, self.scale_mode)
 
 
+class QuantCache:
+    """The MXFP8 copy of a pair of master weights, valid while neither changes (same storage, same
+    version counter). `quantizations` counts the real quantizations (tests and the benchmark read it)."""
+
+    def __init__(self):
+        self.key: tuple | None = None
+        self.value: tuple[MXFP8Tensor, MXFP8Tensor] | None = None
+        self.quantizations = 0
+
+    def get(self, w13: torch.Tensor, w2: torch.Tensor, scale_mode: ScaleMode, backend: Backend):
+        key = (w13.data_ptr(), w13._version, w2.data_ptr(), w2._version, scale_mode, w13.dtype, w2.dtype)
+        if key != self.key or self.value is None:
+            self.value = (MXFP8Tensor.quantize(w13.detach(), scale_mode, backend),
+                          MXFP8Tensor.quantize(w2.detach(), scale_mode, backend))
+            self.key = key
+            self.quantizations += 1
+        return self.value
+
+
 class _MXFP8MoE(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x_TD, topk_ids_TK, topk_weights_TK, w13, w2, scale_mode, backend, mma):
-        q13 = MXFP8Tensor.quantize(w13.detach(), scale_mode, backend)
-        q2 = MXFP8Tensor.quantize(w2.detach(), scale_mode, backend)
+    def forward(ctx, x_TD, topk_ids_TK, topk_weights_TK, w13, w2, scale_mode, backend, mma, cache):
+        if cache is not None:
+            q13, q2 = cache.get(w13, w2, scale_mode, backend)
+        else:
+            q13 = MXFP8Tensor.quantize(w13.detach(), scale_mode, backend)
+            q2 = MXFP8Tensor.quantize(w2.detach(), scale_mode, backend)
         ctx.save_for_backward(x_TD, topk_ids_TK, topk_weights_TK, q13.data, q13.scales, q2.data, q2.scales)
         ctx.dtypes, ctx.backend = (w13.dtype, w2.dtype), backend
         return moe_forward(x_TD, topk_ids_TK, topk_weights_TK, q13, q2, backend=backend, mma=mma)
@@ -93,21 +117,18 @@ class _MXFP8MoE(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_TD):
         x_TD, ids_TK, weights_TK, d13, s13, d2, s2 = ctx.saved_tensors
-        with torch.enable_grad():
-            x = x_TD.detach().requires_grad_()
-            weights = weights_TK.detach().requires_grad_()
-            w13 = dequantize_mxfp8(d13, s13, x_TD.dtype, backend=ctx.backend).requires_grad_()
-            w2 = dequantize_mxfp8(d2, s2, x_TD.dtype, backend=ctx.backend).requires_grad_()
-            out = moe_reference(x, ids_TK, weights, w13, w2)
-            g_x, g_w, g_13, g_2 = torch.autograd.grad(out, (x, weights, w13, w2), grad_TD)
+        w13 = dequantize_mxfp8(d13, s13, x_TD.dtype, backend=ctx.backend)
+        w2 = dequantize_mxfp8(d2, s2, x_TD.dtype, backend=ctx.backend)
+        g_x, g_w, g_13, g_2 = moe_backward(grad_TD.to(x_TD.dtype), x_TD, ids_TK, weights_TK, w13, w2)
         return (g_x, None, g_w.to(weights_TK.dtype), g_13.to(ctx.dtypes[0]), g_2.to(ctx.dtypes[1]),
-                None, None, None)
+                None, None, None, None)
 
 
 def mxfp8_moe(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor,
               w13: torch.Tensor, w2: torch.Tensor, scale_mode: ScaleMode = "rceil",
-              backend: Backend = "auto", mma: str = "auto") -> torch.Tensor:
-    """`moe_forward` with master weights w13 [E, 2I, D] and w2 [E, D, I] quantized on the fly; gradients
-    flow to x, topk_weights and the masters (straight through the quantizer, and straight through the
-    activation rounding when the sm_100 kernel quantizes activations)."""
-    return _MXFP8MoE.apply(x_TD, topk_ids_TK, topk_weights_TK, w13, w2, scale_mode, backend, mma)
+              backend: Backend = "auto", mma: str = "auto", cache: QuantCache | None = None) -> torch.Tensor:
+    """`moe_forward` with master weights w13 [E, 2I, D] and w2 [E, D, I] quantized on the fly (or taken
+    from `cache` while the masters are unchanged); gradients flow to x, topk_weights and the masters
+    (straight through the quantizer, and straight through the activation rounding when the sm_100 kernel
+    quantizes activations)."""
+    return _MXFP8MoE.apply(x_TD, topk_ids_TK, topk_weights_TK, w13, w2, scale_mode, backend, mma, cache)

@@ -25,7 +25,7 @@ from torch import nn
 from kernels import MXFP8Tensor, cpu_pack, moe_forward
 from kernels.moe import block_experts, blocked
 from kernels.moe_reference import acc_dtype
-from kernels.mxfp8_linear import fake_quantize_mxfp8, mxfp8_moe
+from kernels.mxfp8_linear import QuantCache, fake_quantize_mxfp8, mxfp8_moe
 from serve.model import numerics
 from serve.model.config import ModelConfig
 from serve.model.layers import AttnMeta, RMSNorm, Rotary, apply_rope, attention, paged_attention
@@ -124,6 +124,7 @@ class SparseMoE(nn.Module):
         self.w13: torch.Tensor | MXFP8Tensor = torch.empty(0)
         self.w2: torch.Tensor | MXFP8Tensor = torch.empty(0)
         self.train_mxfp8 = False  # training: experts through the MXFP8 straight-through path
+        self.quant_cache: QuantCache | None = None  # training: the masters' MXFP8 copy, once per optimizer step
         self.cpu_kernels: ModuleType | None = None  # inference on a CPU: kernels/cpu_ext.py (pack_for_cpu)
         self.index = 0  # among the model's MoE layers (the M of routes [T, M, K])
         self.replay_counts: torch.Tensor | None = None  # [rows replayed, of those with other experts]
@@ -151,7 +152,7 @@ class SparseMoE(nn.Module):
                        else (self.w13, self.w2))
             return numerics.moe(x_TD, ids_TK, weights_TK, w13, w2)
         if self.train_mxfp8:
-            return mxfp8_moe(x_TD, ids_TK, weights_TK, self.w13, self.w2)
+            return mxfp8_moe(x_TD, ids_TK, weights_TK, self.w13, self.w2, cache=self.quant_cache)
         return moe_forward(x_TD, ids_TK, weights_TK, self.w13, self.w2, cpu_kernels=self.cpu_kernels)
 
     def _replay(self, own_TK: torch.Tensor, replay_TK: torch.Tensor) -> torch.Tensor:
@@ -277,6 +278,7 @@ class Qwen3MoeModel(nn.Module):
                 master = w.dequantize(self.embed_tokens.weight.dtype) if isinstance(w, MXFP8Tensor) else w
                 setattr(moe, name, nn.Parameter(master.detach().clone()))
             moe.train_mxfp8 = mxfp8_experts
+            moe.quant_cache = QuantCache() if mxfp8_experts else None
         self.train()
         return self
 

@@ -182,3 +182,29 @@ def test_export_loads_in_transformers_and_matches(tiny, tmp_path):
     out16 = export_hf(trainer.model, tiny, tmp_path / "hf16")  # bf16 by default
     hf16 = AutoModelForCausalLM.from_pretrained(out16)
     assert next(hf16.parameters()).dtype == torch.bfloat16
+
+
+def test_experts_are_quantized_once_per_optimizer_step(tiny):
+    """Every micro-batch of a step reuses the masters' MXFP8 copy; the optimizer's update makes a new one,
+    and the forward after it is that of the new weights as served."""
+    from kernels import MXFP8Tensor
+    from kernels.moe import moe_forward
+
+    samples = fixed_samples(tiny)
+    trainer = Trainer(tiny, TrainerConfig(lr=1e-3, micro_batch_tokens=max(len(s.token_ids) for s in samples)))
+    moes = trainer.model.moe_layers()
+    trainer.step(samples, [1.0, -0.5, -0.5])  # three micro-batches
+    assert [m.quant_cache.quantizations for m in moes] == [1] * len(moes)
+    trainer.step(samples, [1.0, -0.5, -0.5])
+    assert [m.quant_cache.quantizations for m in moes] == [2] * len(moes)
+    moe = moes[0]
+    x = torch.randn(5, moe.w13.shape[2], dtype=moe.w13.dtype)
+    ids = torch.tensor([[0, 1]] * 5)
+    w = torch.full((5, 2), 0.5, dtype=x.dtype)
+    trainer.optimizer.step()  # the masters move again: the next forward must not reuse the old copy
+    with torch.no_grad():
+        from kernels.mxfp8_linear import mxfp8_moe
+
+        got = mxfp8_moe(x, ids, w, moe.w13, moe.w2, cache=moe.quant_cache)
+        want = moe_forward(x, ids, w, MXFP8Tensor.quantize(moe.w13), MXFP8Tensor.quantize(moe.w2))
+    assert torch.equal(got, want) and moe.quant_cache.quantizations == 3

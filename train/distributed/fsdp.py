@@ -75,6 +75,9 @@ class FSDPTrainer(Trainer):
         )
         from torch.distributed.device_mesh import init_device_mesh
 
+        for moe in self.model.moe_layers():  # FSDP gathers the experts into reused buffers: re-quantize each time
+            moe.quant_cache = None
+
         self.mesh = init_device_mesh(self.device.type, (self.world,))
         mp = MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=self.model.embed_tokens.weight.dtype)
         for layer in self.model.layers:

@@ -1,0 +1,109 @@
+"""The MoE expert layer's backward pass as grouped GEMMs over the tokens sorted by expert.
+
+Training's forward is the served kernel (kernels/moe.py's moe_forward on MXFP8 weights); its backward
+is written out here rather than differentiated through a per-expert loop. With the (token, slot) pairs
+sorted by expert, P = T x K of them and `offs` the end of each expert's run, every step is one grouped
+GEMM whose work is proportional to the routed pairs, not to E x T:
+
+    gate_up_P = x_P @ w13[e].T          h_P = silu(gate) * up          y_P = h_P @ w2[e].T   (recomputed)
+    gy_P      = weight_P * grad[t_P]    g_weight_P = <grad[t_P], y_P>
+    g_w2[e]   = gy_e.T @ h_e            gh_P = gy_P @ w2[e]
+    dgu_P     = [gh * up * silu'(gate), gh * silu(gate)]
+    g_w13[e]  = dgu_e.T @ x_e           g_x[t] += dgu_P @ w13[e]
+
+`grouped_mm` is torch._grouped_mm (CUTLASS grouped GEMM on sm_90+, a fallback on CPUs) where it takes the
+dtype, else a loop over the experts that got pairs (float64, older GPUs) -- the grouped reference. Sums
+over a token's K slots and the router-weight products run in float32 (float64 for float64), as the forward's.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels.moe_reference import acc_dtype
+
+_GROUPED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def grouped_available(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether torch._grouped_mm runs this dtype on this device (else the per-expert loop is used)."""
+    if not hasattr(torch, "_grouped_mm") or dtype not in _GROUPED_DTYPES:
+        return False
+    if device.type == "cuda":
+        return dtype == torch.bfloat16 and torch.cuda.get_device_capability(device) >= (9, 0)
+    return device.type == "cpu"
+
+
+def _col_major(b: torch.Tensor) -> torch.Tensor:
+    """b [E, K, N] stored column-major per expert (what the CUDA grouped GEMM reads); a view if it is."""
+    return b if b.stride(-2) == 1 else b.transpose(-2, -1).contiguous().transpose(-2, -1)
+
+
+def grouped_mm(a_PK: torch.Tensor, b_EKN: torch.Tensor, offs_E: torch.Tensor, grouped: bool) -> torch.Tensor:
+    """Rows of a in expert e's run (offs[e-1]:offs[e]) times b[e]: [P, N]."""
+    if grouped:
+        return torch._grouped_mm(a_PK, _col_major(b_EKN) if a_PK.is_cuda else b_EKN, offs=offs_E)
+    out = a_PK.new_empty(a_PK.shape[0], b_EKN.shape[-1])
+    start = 0
+    for e, end in enumerate(offs_E.tolist()):
+        if end > start:
+            out[start:end] = a_PK[start:end] @ b_EKN[e]
+        start = end
+    return out
+
+
+def grouped_wgrad(a_PM: torch.Tensor, b_PN: torch.Tensor, offs_E: torch.Tensor, grouped: bool) -> torch.Tensor:
+    """Per expert a_e.T @ b_e over its run of rows: [E, M, N] (zeros for experts without pairs)."""
+    if grouped:
+        return torch._grouped_mm(a_PM.t(), b_PN, offs=offs_E)
+    E = offs_E.numel()
+    out = a_PM.new_zeros(E, a_PM.shape[1], b_PN.shape[1])
+    start = 0
+    for e, end in enumerate(offs_E.tolist()):
+        if end > start:
+            out[e] = a_PM[start:end].t() @ b_PN[start:end]
+        start = end
+    return out
+
+
+def sort_pairs(topk_ids_TK: torch.Tensor, num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(order [P]: pair indices sorted by expert, stable; tokens [P]: their token; offs [E] int32: run ends)."""
+    flat = topk_ids_TK.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.zeros(num_experts, dtype=torch.int32, device=flat.device)
+    counts.scatter_add_(0, flat.long(), torch.ones_like(flat, dtype=torch.int32))  # bincount would sync a GPU
+    offs = counts.cumsum(0, dtype=torch.int32)
+    return order, order // topk_ids_TK.shape[1], offs
+
+
+def moe_backward(grad_TD: torch.Tensor, x_TD: torch.Tensor, topk_ids_TK: torch.Tensor,
+                 topk_weights_TK: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                 grouped: bool | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients (x [T, D], topk_weights [T, K], w13 [E, 2I, D], w2 [E, D, I]) of the MoE layer
+    out[t] = sum_k weight[t, k] * expert_{ids[t, k]}(x[t]), with w13/w2 the (dequantized) weights in x's dtype."""
+    T, K = topk_ids_TK.shape
+    E, inter = w13.shape[0], w2.shape[2]
+    if grouped is None:
+        grouped = grouped_available(x_TD.dtype, x_TD.device)
+    acc = acc_dtype(x_TD.dtype)
+    order, tok_P, offs = sort_pairs(topk_ids_TK, E)
+    x_P = x_TD[tok_P]
+    weight_P = topk_weights_TK.reshape(-1)[order].to(acc)
+    gate_up_P = grouped_mm(x_P, w13.transpose(1, 2), offs, grouped)
+    gate, up = gate_up_P[:, :inter], gate_up_P[:, inter:]
+    silu = F.silu(gate)
+    h_P = silu * up
+    y_P = grouped_mm(h_P, w2.transpose(1, 2), offs, grouped)
+    go_P = grad_TD[tok_P].to(acc)
+    g_weight_P = (go_P * y_P.to(acc)).sum(-1)
+    gy_P = (go_P * weight_P[:, None]).to(x_TD.dtype)
+    g_w2 = grouped_wgrad(gy_P, h_P, offs, grouped)
+    gh_P = grouped_mm(gy_P, w2, offs, grouped)
+    sig = torch.sigmoid(gate)
+    dgu_P = torch.cat([gh_P * up * (sig * (1 + gate * (1 - sig))), gh_P * silu], dim=-1)
+    g_w13 = grouped_wgrad(dgu_P, x_P, offs, grouped)
+    gx_P = grouped_mm(dgu_P, w13, offs, grouped)
+    g_x = torch.zeros(T, x_TD.shape[1], dtype=acc, device=x_TD.device).index_add_(0, tok_P, gx_P.to(acc))
+    g_weights = torch.empty(T * K, dtype=acc, device=x_TD.device).index_copy_(0, order, g_weight_P)
+    return g_x.to(x_TD.dtype), g_weights.view(T, K), g_w13, g_w2
