@@ -65,6 +65,10 @@ class TrainerConfig:
     """Clip the global gradient norm to this (0 disables)."""
     micro_batch_tokens: int = 8192
     """Padded tokens (sequences x longest) per forward pass; a step accumulates gradients over them."""
+    vocab_chunk: int = 16384
+    """The LM head and log-softmax run this many vocabulary rows at a time when the vocabulary is larger
+    (kernels/lm_head.py): memory O(tokens x chunk), never [tokens, V] (Qwen3's V is 151,936). Smaller
+    vocabularies, and batch-invariant numerics, take the whole row at once, as the server does."""
     mxfp8_experts: bool = True
     """Experts forward through MXFP8 (as served) and are saved in MXFP8."""
     device: str | None = None
@@ -86,8 +90,9 @@ class TrainerConfig:
     less noise for the same signal (e.g. ("norm",): the RMSNorm gains only)."""
 
     def __post_init__(self) -> None:
-        if self.lr <= 0 or self.micro_batch_tokens < 1 or self.grad_clip < 0 or not self.eps > 0:
-            raise ValueError("lr, eps and micro_batch_tokens must be positive and grad_clip >= 0")
+        if self.lr <= 0 or self.micro_batch_tokens < 1 or self.vocab_chunk < 1 or self.grad_clip < 0 \
+                or not self.eps > 0:
+            raise ValueError("lr, eps, micro_batch_tokens and vocab_chunk must be positive and grad_clip >= 0")
         if self.dtype not in (None, *DTYPES):
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
 
@@ -201,6 +206,11 @@ class Trainer:
         m = self.model if model is None else model
         if not self.config.replay_routes:
             routes_BLMK = None
+        chunk = self.config.vocab_chunk
+        if m.cfg.vocab_size > chunk and not m.batch_invariant:  # never [tokens, V] at once
+            sel_BT = mask_BL[:, 1:] > 0 if mask_BL is not None else torch.ones_like(ids_BL[:, 1:], dtype=torch.bool)
+            lp_N = self._in_compute_dtype(m, lambda mm: mm.target_logprobs(ids_BL, sel_BT, chunk, routes_BLMK))
+            return torch.zeros(sel_BT.shape, dtype=lp_N.dtype, device=lp_N.device).masked_scatter(sel_BT, lp_N)
         if mask_BL is None:
             logits_BLV = self._in_compute_dtype(m, lambda mm: mm.forward_train(ids_BL, routes_BLMK))
             logp_BTV = F.log_softmax(logits_BLV[:, :-1].float(), dim=-1)

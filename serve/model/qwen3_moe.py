@@ -24,6 +24,7 @@ from torch import nn
 
 from kernels import MXFP8Tensor, cpu_pack, moe_forward
 from kernels.moe import block_experts, blocked
+from kernels.lm_head import chunked_logprobs
 from kernels.moe_reference import acc_dtype
 from kernels.mxfp8_linear import QuantCache, fake_quantize_mxfp8, mxfp8_moe
 from serve.model import numerics
@@ -231,6 +232,14 @@ class Qwen3MoeModel(nn.Module):
             return proj(self.lm_head, h_ND, self.batch_invariant)
         w = self.embed_tokens.weight
         return numerics.linear(h_ND, w) if self.batch_invariant else F.linear(h_ND, w)
+
+    def target_logprobs(self, input_ids_BL: torch.Tensor, sel_BT: torch.Tensor, chunk: int,
+                        routes_BLMK: torch.Tensor | None = None) -> torch.Tensor:
+        """Training: log-prob [N] of token t+1 at each selected position t (`sel_BT` [B, L-1]), the LM head
+        and log-softmax taken `chunk` vocabulary rows at a time (kernels/lm_head.py): never [N, V]."""
+        h_ND = self.hidden_train(input_ids_BL, routes_BLMK)[:, :-1][sel_BT]
+        w_VD = self.lm_head.weight if self.lm_head is not None else self.embed_tokens.weight
+        return chunked_logprobs(h_ND, w_VD, input_ids_BL[:, 1:][sel_BT], chunk)
 
     def moe_layers(self) -> list[SparseMoE]:
         return [layer.mlp for layer in self.layers if isinstance(layer.mlp, SparseMoE)]

@@ -85,6 +85,7 @@ class FSDPTrainer(Trainer):
             register_fsdp_forward_method(layer, "forward_dense")  # forward_train calls this, not forward
         fully_shard(self.model, mesh=self.mesh, mp_policy=mp)
         register_fsdp_forward_method(self.model, "forward_train")
+        register_fsdp_forward_method(self.model, "target_logprobs")  # the chunked LM head (large vocabularies)
         for m in [
             *self.model.layers,
             self.model,
