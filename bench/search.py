@@ -3,6 +3,9 @@
     python bench/search.py multi    [--work DIR] [--model M] [--langs c,java,...]
                                                    partially documented code in six languages, ours vs
                                                    the naive baseline (bench/search_eval.py)
+    python bench/search.py ablate   [--variants A,B] [--threads 1]
+                                                   dense-retriever ablations on the dev half of
+                                                   `multi` (bench/search_ablate.py)
     python bench/search.py cold     [--runs N]     `composer-agent search` in a fresh process, numpy vs torch
     python bench/search.py embedders --models A,B  load time, memory, chunks/s of embedders, side by side
     python bench/search.py quality  [--work DIR]   docstring -> function on the stdlib (bench/corpus.py)
@@ -34,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import corpus as corpus_mod  # noqa: E402
-from index.code_index import CodeIndex, Weights, collapse  # noqa: E402
+from index.code_index import CodeIndex, Weights, collapse, per_definition  # noqa: E402
 
 DEFAULT_WORK = Path("/tmp/composer-bench-index")
 
@@ -146,6 +149,8 @@ def cmd_quality(args) -> None:
 def _describe(w: Weights) -> str:
     if w.method == "rrf":
         return f"RRF(dense {w.dense:g}, BM25 {w.lexical:g}, k={w.k:g})"
+    if w.method == "abs":
+        return f"abs(dense {w.dense:g}, BM25 {w.lexical:g}, power {w.power:g})"
     return f"sum(dense {w.dense:g}, BM25 {w.lexical:g})"
 
 
@@ -161,6 +166,7 @@ class CachedEmbedder:
         self.count_tokens = emb.count_tokens
         self.cache: dict[bytes, object] = {}
         self.misses = 0
+        self.limit = emb.max_tokens  # word pieces read per text (bench/search_ablate.py varies it)
         if path.exists():
             import numpy as np
 
@@ -172,13 +178,20 @@ class CachedEmbedder:
 
         import numpy as np
 
-        keys = [hashlib.blake2b(t.encode("utf-8", "surrogatepass"), digest_size=16).digest() for t in texts]
+        tag = "" if self.limit == self.emb.max_tokens else f"\0{self.limit}"
+        keys = [hashlib.blake2b((t + tag).encode("utf-8", "surrogatepass"), digest_size=16).digest()
+                for t in texts]
         missing = sorted({k: i for i, k in enumerate(keys) if k not in self.cache}.values())
         if missing:
             vecs = self.emb.encode([texts[i] for i in missing], on_batch=on_batch)
             self.cache.update((keys[i], v) for i, v in zip(missing, vecs, strict=True))
             self.misses += len(missing)
         return np.stack([self.cache[k] for k in keys]) if keys else np.zeros((0, self.dim), np.float32)
+
+    def set_limit(self, n: int) -> None:
+        """Read up to `n` word pieces of each text (sentence-transformers' max_seq_length)."""
+        self.limit = n
+        self.emb.model.max_seq_length = n
 
     def save(self) -> None:
         import numpy as np
@@ -198,7 +211,7 @@ def cmd_multi(args) -> None:
 
     import numpy as np
 
-    from bench import search_corpora
+    from bench import search_corpora, search_fusion
     from bench import search_eval as se
     from index.embed import load_embedder
     from index.fusion import rrf
@@ -223,6 +236,7 @@ def cmd_multi(args) -> None:
     table: dict[str, dict[str, dict[str, float]]] = {}
     pooled: dict[str, list[list[bool]]] = {m: [] for m in modes}
     per_query: list[tuple[str, str, object]] = []  # (lang, path, (cands, rows, q)) for tuning
+    cases: list = []  # the same, for bench/search_fusion.py
     speeds: list[tuple[int, float]] = []  # (chunks embedded, seconds) of each index build
     for lang in langs:
         root, queries, units = se.build(lang, args.work / "multi" / lang)
@@ -241,7 +255,7 @@ def cmd_multi(args) -> None:
         flags: dict[str, list[list[bool]]] = {m: [] for m in modes}
         w = Weights()
         for qi, q in enumerate(queries):
-            d, lx, dc = cands[qi]
+            d, lx, dc = per_definition(list(cands[qi]), rows)
 
             def mark(ids: list[int], q=q, rows=rows) -> list[bool]:
                 return [_overlaps(rows[c].path, rows[c].start_line, rows[c].end_line, q) for c in ids[:10]]
@@ -257,6 +271,9 @@ def cmd_multi(args) -> None:
             flags["ours doc"].append(mark([c for c, _ in collapse([(c, 0.0) for c in dc[0]], rows)]))
             flags["ours fused"].append(mark([c for c, _ in collapse(w.fuse(d, lx, dc), rows)]))
             per_query.append((lang, q.path, (d, lx, dc, rows, q)))
+            cases.append(search_fusion.Case(
+                lang, zlib.crc32(q.path.encode()) % 2 == 0, d, lx,
+                search_fusion.right_ids({*d[0], *lx[0]}, rows, q)))
         table[lang] = {m: metrics(f) for m, f in flags.items()}
         table[lang]["n"] = {"queries": len(queries)}
         for m in modes:
@@ -293,6 +310,10 @@ def cmd_multi(args) -> None:
           f"{best.lexical:g}, doc {best.doc:g}: test half {score(test, best):.1f} MRR@10 vs shipped "
           f"{score(test, Weights()):.1f} ({len(test)} queries)")
     print("  dev grid: " + ", ".join(f"{w.dense:g}/{w.lexical:g}/{w.doc:g}={score(dev, w):.1f}" for w in grid))
+    import pickle
+
+    (args.work / "fusion-cases.pkl").write_bytes(pickle.dumps(cases))  # to study fusion without a rerun
+    search_fusion.study(cases)
     n_emb, secs = sum(n for n, _ in speeds), sum(s for _, s in speeds)
     speed = n_emb / secs if n_emb and secs else None
     if speed:
@@ -302,6 +323,28 @@ def cmd_multi(args) -> None:
     out.write_text(json.dumps({"model": base.name, "load_s": load_s, "chunks_per_s": speed,
                                "table": table, "macro": macro}, indent=2))
     print(f"written {out}; peak RSS {peak_rss_mib():.0f} MiB")
+
+
+def cmd_ablate(args) -> None:
+    from bench import search_ablate, search_corpora
+    from index.embed import load_embedder
+
+    langs = args.langs.split(",") if args.langs else ["python", *search_corpora.LANGUAGES]
+    print(f"machine: {machine()}; load average {os.getloadavg()[0]:.1f}")
+    base = load_embedder(args.model)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    slug = Path(base.name).name.replace("/", "_")
+    emb = CachedEmbedder(base, args.work / "vector-cache" / f"{slug}.npz")
+    t = time.monotonic()
+    try:
+        table = search_ablate.run(args.work, langs, emb, args.variants.split(",") if args.variants else None)
+    finally:
+        emb.save()
+    search_ablate.print_table(table, langs)
+    print(f"({emb.misses} texts embedded in {time.monotonic() - t:.0f}s, the rest cached)")
 
 
 # -- cold search from a shell --------------------------------------------------------------------------
@@ -624,7 +667,7 @@ def cmd_all(args) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=["multi", "cold", "embedders", "quality", "build", "sync", "latency", "repo", "embed", "all"])
+    p.add_argument("command", choices=["multi", "ablate", "cold", "embedders", "quality", "build", "sync", "latency", "repo", "embed", "all"])
     p.add_argument("--work", type=Path, default=DEFAULT_WORK, help="scratch folder (kept between runs)")
     p.add_argument("--limit", type=int, default=0, help="quality: evaluate at most this many queries")
     p.add_argument("--min-chunks", type=int, default=100_000, help="latency: index size to reach")
@@ -636,10 +679,11 @@ def main() -> None:
     p.add_argument("--no-cache", action="store_true", help="multi: embed everything again")
     p.add_argument("--runs", type=int, default=10, help="cold: runs of each variant")
     p.add_argument("--models", help="embedders: comma-separated model folders or names")
-    p.add_argument("--threads", type=int, default=0, help="multi: torch threads (default: torch's)")
+    p.add_argument("--threads", type=int, default=0, help="multi, ablate: torch threads (default: torch's)")
+    p.add_argument("--variants", help="ablate: comma-separated variants (default: all)")
     args = p.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    {"multi": cmd_multi, "cold": cmd_cold, "embedders": cmd_embedders, "quality": cmd_quality, "build": cmd_build, "sync": cmd_sync, "latency": cmd_latency,
+    {"multi": cmd_multi, "ablate": cmd_ablate, "cold": cmd_cold, "embedders": cmd_embedders, "quality": cmd_quality, "build": cmd_build, "sync": cmd_sync, "latency": cmd_latency,
      "repo": cmd_repo, "embed": cmd_embed, "all": cmd_all}[args.command](args)
 
 

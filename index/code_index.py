@@ -24,7 +24,7 @@ import numpy as np
 from index import store
 from index.embed import Embedder, load_embedder
 from index.files import MAX_FILE_BYTES, STATE_DIR
-from index.fusion import rrf, weighted_sum
+from index.fusion import absolute_sum, rrf, weighted_sum
 from index.sync import Progress, Syncer, SyncReport
 
 # Candidates taken from each retriever before fusion.
@@ -36,14 +36,15 @@ class Weights:
     """How the dense, lexical and doc rankings are fused (fusion.py). The defaults were tuned on the
     development halves of bench/search.py's queries (stdlib, and the multi-language set)."""
 
-    method: str = "sum"  # "sum" (max-normalised weighted sum) or "rrf"
-    dense: float = 0.65
-    lexical: float = 0.35
+    method: str = "abs"  # "abs" (absolute scores), "sum" (max-normalised weighted sum) or "rrf"
+    dense: float = 0.85
+    lexical: float = 0.15
     # The doc prose field. Tuned to 0 on the multi-language set's dev half (every step up, 0.05 to 0.3,
     # cost MRR@10): the documented neighbours' wording is exactly what misleads. Kept as a field so
     # the prose stays out of the code's vector and bag, and to be weighed again with more data.
     doc: float = 0.0
     k: float = 60.0  # RRF only
+    power: float = 0.5  # "abs" only: the lexical fraction's exponent
 
     def fuse(self, dense: Ranking, lexical: Ranking, doc: Ranking | None = None) -> list[tuple[int, float]]:
         lists = [(dense, self.dense), (lexical, self.lexical)]
@@ -51,6 +52,8 @@ class Weights:
             lists.append((doc, self.doc))
         if self.method == "rrf":
             return rrf([(ids, w) for (ids, _), w in lists], k=self.k)
+        if self.method == "abs":
+            return absolute_sum((*dense, self.dense), [(*r, w) for r, w in lists[1:]], self.power)
         return weighted_sum([(ids, scores, w) for (ids, scores), w in lists])
 
 
@@ -70,6 +73,34 @@ def collapse(fused: list[tuple[int, float]], rows: dict[int, store.ChunkRow]) ->
         if key not in seen:
             seen.add(key)
             out.append((cid, score))
+    return out
+
+
+def per_definition(lists: list[Ranking], rows: dict[int, store.ChunkRow]) -> list[Ranking]:
+    """The rankings with every definition under one id, so that fusion adds up what each list says
+    about the same definition: the dense list holds a definition's first chunk, BM25 may rank a later
+    slice of it, and fused as separate ids the two would not reinforce each other. A definition's id
+    is the chunk the lexical list ranks best (it shows where the words are), else the first one met;
+    each list keeps a definition's best score once. Chunks outside definitions stay as they are."""
+    def key(cid: int):
+        r = rows.get(cid)
+        return (r.path, r.unit) if r is not None and r.unit else cid
+
+    rep: dict = {}
+    for ids, _ in (lists[1], lists[0], *lists[2:]) if len(lists) > 1 else lists:
+        for cid in ids:
+            rep.setdefault(key(cid), cid)
+    out = []
+    for ids, scores in lists:
+        seen: set = set()
+        kept_ids, kept_scores = [], []
+        for cid, sc in zip(ids, scores, strict=True):
+            k = key(cid)
+            if k not in seen:
+                seen.add(k)
+                kept_ids.append(rep[k])
+                kept_scores.append(sc)
+        out.append((kept_ids, kept_scores))
     return out
 
 
@@ -132,7 +163,7 @@ class CodeIndex:
         """Chunks in the committed index."""
         with self._lock:
             snap = self._current()
-            return snap.vectors.ntotal if snap is not None else 0
+            return len(snap.lexical) if snap is not None else 0
 
     # -- loading -------------------------------------------------------------------------------------
 
@@ -181,15 +212,15 @@ class CodeIndex:
 
     def candidates(self, queries: list[str], n: int = CANDIDATES, *, path: str | None = None,
                    ) -> list[tuple[Ranking, Ranking, Ranking]]:
-        """For each query, the (ids, scores) of the dense retriever, of BM25 over code and of BM25
-        over doc prose, best first, up to `n` each, restricted to a file or folder when `path` is
+        """For each query, the (ids, scores) of the dense retriever (cosines), of BM25 over code and
+        of BM25 over doc prose (each as a fraction of the query's ceiling), best first, up to `n` each, restricted to a file or folder when `path` is
         given. Fused they are the search result; apart they are what evaluations compare."""
         import faiss
 
         with self._lock:
             snap = self._current()
             none: tuple[list[int], list[float]] = ([], [])
-            if snap is None or snap.vectors.ntotal == 0 or not queries:
+            if snap is None or len(snap.lexical) == 0 or not queries:
                 return [(none, none, none) for _ in queries]
             emb = self.embedder
             if snap.info.get("model") != emb.name:
@@ -205,12 +236,18 @@ class CodeIndex:
             qv = emb.encode(queries)
             selector = faiss.IDSelectorBatch(allowed) if allowed is not None else None
             params = faiss.SearchParameters(sel=selector) if selector is not None else None
-            dist, dense = snap.vectors.search(qv, min(n, snap.vectors.ntotal), params=params)
+            if snap.vectors.ntotal:
+                dist, dense = snap.vectors.search(qv, min(n, snap.vectors.ntotal), params=params)
+            else:
+                dist, dense = np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
             out = []
             for qi, q in enumerate(queries):
                 keep = dense[qi] >= 0
                 lex_ids, lex_scores = snap.lexical.search(q, n, allowed=allowed)
                 doc_ids, doc_scores = snap.doclex.search(q, n, allowed=allowed)
+                # BM25 as a fraction of what the query could score at most (fusion.absolute_sum)
+                lex_scores = lex_scores / max(snap.lexical.ceiling(q), 1e-9)
+                doc_scores = doc_scores / max(snap.doclex.ceiling(q), 1e-9)
                 out.append(((dense[qi][keep].tolist(), dist[qi][keep].tolist()),
                             (lex_ids.tolist(), lex_scores.tolist()),
                             (doc_ids.tolist(), doc_scores.tolist())))
@@ -230,9 +267,9 @@ class CodeIndex:
             raise ValueError("k must be at least 1")
         with self._lock:
             (dense, lexical, doc), = self.candidates([query], max(k, CANDIDATES), path=path)
-            fused = self.weights.fuse(dense, lexical, doc)[:max(4 * k, 40)]
-            rows = store.chunks_by_id(self._con, [cid for cid, _ in fused])
-        fused = collapse(fused, rows)[:k]
+            rows = store.chunks_by_id(self._con, sorted({*dense[0], *lexical[0], *doc[0]}))
+        dense, lexical, doc = per_definition([dense, lexical, doc], rows)
+        fused = collapse(self.weights.fuse(dense, lexical, doc), rows)[:k]
         dense_ids, lex_ids = dense[0], lexical[0]
         dense_rank = {cid: r for r, cid in enumerate(dense_ids, start=1)}
         lex_rank = {cid: r for r, cid in enumerate(lex_ids, start=1)}

@@ -191,6 +191,21 @@ class Lexical:
         hit = hit[np.argsort(-scores[hit], kind="stable")]
         return self.ids[hit], scores[hit]
 
+    def ceiling(self, query: str) -> float:
+        """The most any chunk could score for `query`: each of its terms at the largest weight that
+        term has in the index. A ranking's scores divided by it say how much of the query the best
+        chunks match, comparably across queries (max-normalising says nothing of that)."""
+        q = Counter(t for t in terms(query) if t in self.term_ids)
+        if not q or not len(self.ids):
+            return 0.0
+        data, _, indptr = self._prepare()
+        total = 0.0
+        for t, qtf in q.items():
+            j = self.term_ids[t]
+            if indptr[j + 1] > indptr[j]:
+                total += qtf * float(data[indptr[j]:indptr[j + 1]].max())
+        return total
+
     # -- persistence ---------------------------------------------------------------------------------
 
     def save(self, path: Path) -> None:

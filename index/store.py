@@ -3,7 +3,7 @@
 Layout of `<workspace>/.composer/index/`:
   meta.sqlite          files (path, size, mtime, content hash, status), chunks (id, path, lines, symbol,
                        text, hash of the embedded text) and info (model, dim, format, generation, next id)
-  vectors-<gen>.faiss  IndexIDMap2 over IndexFlatIP; ids are chunk ids
+  vectors-<gen>.faiss  IndexIDMap2 over IndexFlatIP; ids are chunk ids (one per definition, sync.py)
   lexical-<gen>.npz    BM25 term counts of the code (and signatures, names), rows are chunk ids
   doclex-<gen>.npz     BM25 term counts of the doc prose, a separate field, rows are chunk ids
   lock                 flock'd by the one process writing
@@ -26,7 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # Bump when the chunker, the embedded text or the layout changes: an older index is then rebuilt.
-FORMAT = "composer-index-3"
+# 4: one vector per definition (its whole code, no header), none for later slices or the code between
+# definitions; chunks and BM25 rows as in 3.
+FORMAT = "composer-index-4"
 DB_NAME = "meta.sqlite"
 
 SCHEMA = """
@@ -159,7 +161,7 @@ def load(con: sqlite3.Connection, index_dir: Path, current: Snapshot | None = No
             lexical = Lexical.load(lexical_path(index_dir, gen))
             doclex = Lexical.load(doclex_path(index_dir, gen))
             n = con.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
-            if vectors.ntotal == n == len(lexical) == len(doclex):
+            if vectors.ntotal <= n == len(lexical) == len(doclex):  # not every chunk has a vector
                 return Snapshot(gen, info, vectors, lexical, doclex)
         except (OSError, RuntimeError, ValueError, KeyError):
             pass

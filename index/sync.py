@@ -30,7 +30,7 @@ from index import store
 from index.chunker import Chunk, chunk_file
 from index.embed import Embedder
 from index.files import decode, list_files, noise_reason
-from index.languages import language_for
+from index.languages import language_for, parser_for
 from index.lexical import Lexical
 
 # Chunks embedded per committed batch: ~1 min of embedding on 2 CPU cores; each commit rewrites the
@@ -87,18 +87,48 @@ class _Change:
     chunks: list[Chunk] = field(default_factory=list)
 
 
-def embed_text(path: str, symbol: str, code: str, context: str = "") -> str:
-    """What the embedder sees: a one-line header naming the place, the signatures of the definitions
-    around the chunk (a body slice or a method says whose it is), then the code without its doc."""
+# A definition's vector reads its first max_tokens word pieces; joining more of a long one's slices
+# than this many characters would only feed the tokenizer text it cuts off.
+DENSE_MAX_CHARS = 4096
+
+
+def dense_texts(chunks: list[Chunk], *, parsed: bool = True) -> list[str | None]:
+    """What the embedder sees for each chunk of one file; None for a chunk that gets no vector.
+
+    One vector per definition, on its first chunk: the definition's whole code without its doc and
+    without any header (no path, symbol or enclosing signatures), which the model reads up to its
+    limit, as a whole-function embedding does. The later slices of a long definition and, in a file
+    that has definitions, the code between them (imports, constants, top-level statements) get no
+    vector: BM25 still finds them. Each of the three was measured to cost the dense list on the
+    bench's development half (`python bench/search.py ablate`): the header 4.4 MRR@10 points, the
+    code between definitions 5.5, slices competing with their own definition's head 2 to 3. That
+    holds for code outside definitions in files that have none, too (re-export lists, generated
+    tables, a comment on a constant: 1.5 points); only files the chunker has no grammar for (prose,
+    configuration: `parsed=False`) keep a vector for every chunk. The limit: top-level code of a
+    script is found by words (BM25 and the doc field), not by meaning."""
+    out: list[str | None] = []
+    first: dict[tuple[int, int], int] = {}
+    for i, c in enumerate(chunks):
+        if c.unit is None:
+            out.append(None if parsed else c.code)
+        elif c.unit not in first:
+            first[c.unit] = i
+            out.append(c.code)
+        else:
+            j = first[c.unit]
+            if len(out[j] or "") < DENSE_MAX_CHARS:
+                out[j] = f"{out[j]}\n{c.code}"
+            out.append(None)
+    return [t[:DENSE_MAX_CHARS] if t and t.strip() else None for t in out]
+
+
+def lexical_text(path: str, symbol: str, code: str, context: str = "") -> str:
+    """What BM25 sees: the path and symbol, the signatures of the definitions around the chunk, the
+    code without its doc, and the symbol once more, a poor man's BM25F field weight (a definition's
+    name says more than any word in its body: +1.3 MRR@10 on the bench's development half)."""
     head = f"{path} | {symbol}" if symbol else path
-    return f"{head}\n{context}\n{code}" if context else f"{head}\n{code}"
-
-
-def lexical_text(embedded: str, symbol: str) -> str:
-    """What BM25 sees: the embedded text with the symbol counted twice, a poor man's BM25F field
-    weight (a definition's name says more than any word in its body: +1.3 MRR@10 on the bench's
-    development half)."""
-    return f"{symbol}\n{embedded}" if symbol else embedded
+    text = f"{head}\n{context}\n{code}" if context else f"{head}\n{code}"
+    return f"{symbol}\n{text}" if symbol else text
 
 
 def unit_key(c: Chunk) -> str:
@@ -154,7 +184,7 @@ class Syncer:
             self._commit_batch([], deleted, stat_only, True, 0, 0)
         if self.full and not batches and not deleted:
             self._commit_batch([], [], stat_only, True, 0, 0)  # an empty workspace: an empty index
-        self.report.chunks = self.snap.vectors.ntotal if self.snap is not None else 0
+        self.report.chunks = len(self.snap.lexical) if self.snap is not None else 0
         self.report.indexed_files = self.con.execute(
             "SELECT COUNT(*) FROM files WHERE n_chunks > 0").fetchone()[0]
         return self.report, self.snap
@@ -233,7 +263,7 @@ class Syncer:
 
         rows: list[store.ChunkRow] = []
         files: list[store.FileRow] = []
-        embed_texts: list[str] = []
+        embed_texts: list[str | None] = []
         lex_texts: list[str] = []
         doc_texts: list[str] = []
         to_embed: list[int] = []
@@ -248,18 +278,23 @@ class Syncer:
             files.append(r)
             getattr(self.report, ch.kind).append(r.path)
             lang = language_for(r.path) or "text"
-            for c in ch.chunks:
-                etext = embed_text(r.path, c.symbol, c.code, c.context)
-                th = content_hash(etext.encode("utf-8", errors="surrogatepass"))
+            parsed = lang != "text" and parser_for(lang) is not None
+            for c, dtext in zip(ch.chunks, dense_texts(ch.chunks, parsed=parsed), strict=True):
+                ltext = lexical_text(r.path, c.symbol, c.code, c.context)
+                # The hash names the vector's text; a chunk without one never matches a chunk with one.
+                th = content_hash((dtext if dtext is not None else "\0" + ltext).encode(
+                    "utf-8", errors="surrogatepass"))
                 rows.append(store.ChunkRow(next_id, r.path, c.start_line, c.end_line, c.symbol, lang, th,
                                            c.text, unit_key(c)))
                 next_id += 1
-                if th in reusable:
+                if dtext is None:
+                    pass
+                elif th in reusable:
                     reuse_from.append((len(rows) - 1, reusable.pop(th)))
                 else:
                     to_embed.append(len(rows) - 1)
-                embed_texts.append(etext)
-                lex_texts.append(lexical_text(etext, c.symbol))
+                embed_texts.append(dtext)
+                lex_texts.append(ltext)
                 doc_texts.append(c.doc)
         self.report.deleted.extend(deleted)
 
@@ -273,6 +308,7 @@ class Syncer:
             return
 
         vecs = np.zeros((len(rows), self.emb.dim), dtype=np.float32)
+        dense = sorted([i for i, _ in reuse_from] + to_embed)  # the rows that have a vector
         if to_embed:
             count = done_before
 
@@ -298,7 +334,7 @@ class Syncer:
                 doclex.remove(gone_ids)
         if rows:
             ids = np.asarray([r.id for r in rows], dtype=np.int64)
-            vectors.add_with_ids(vecs, ids)
+            vectors.add_with_ids(vecs[dense], ids[dense])
             lexical.add(ids, lex_texts)
             doclex.add(ids, doc_texts)
 

@@ -13,7 +13,6 @@ import numpy as np
 
 from index.code_index import CodeIndex, collapse
 from index.store import ChunkRow
-from index.sync import embed_text
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,10 +43,10 @@ def test_doc_is_its_own_field_not_in_the_code_vector_or_bag(tmp_path: Path, embe
     # BM25 over code does not see the doc's words; the doc field does.
     assert len(snap.lexical.search("quokka coefficient", 10)[0]) == 0
     assert list(snap.doclex.search("quokka coefficient", 10)[0]) == [frob.id]
-    # The stored vector is the code's, without the docstring line.
+    # The stored vector is the code's, without the docstring line (and without any header).
     code = "\n".join(line for line in frob.text.split("\n") if "quokka" not in line)
-    without = embedder.encode([embed_text("widgets.py", frob.symbol, code)])[0]
-    with_doc = embedder.encode([embed_text("widgets.py", frob.symbol, frob.text)])[0]
+    without = embedder.encode([code])[0]
+    with_doc = embedder.encode([frob.text])[0]
     stored = snap.vectors.reconstruct(frob.id)
     assert float(stored @ without) > 0.999 > float(stored @ with_doc)
     # The doc still helps as a weak signal: the prose query finds the documented function.
@@ -111,3 +110,18 @@ def test_a_search_from_a_fresh_process_imports_no_torch(indexed_repo: Path):
     finally:
         del os.environ["COMPOSER_QUERY_ENCODER"]
     assert float(np.sum(light * full)) > 0.999
+
+
+def test_per_definition_lets_a_later_slice_and_the_head_reinforce_each_other():
+    from index.code_index import per_definition
+
+    def row(cid: int, unit: str) -> ChunkRow:
+        return ChunkRow(cid, "a.py", cid, cid, "f", "python", "", "", unit)
+
+    rows = {1: row(1, "1-30"), 2: row(2, "1-30"), 3: row(3, "1-30"), 4: row(4, "40-50"), 5: row(5, "")}
+    dense = ([1, 4, 5], [0.7, 0.6, 0.5])  # the definition's vector sits on its first chunk
+    lexical = ([3, 2, 4], [0.9, 0.5, 0.4])  # BM25 finds its third slice, then its second
+    d, lx = per_definition([dense, lexical], rows)
+    # One id per definition in every list (the slice BM25 ranks best), each list's best score kept.
+    assert d == ([3, 4, 5], [0.7, 0.6, 0.5])
+    assert lx == ([3, 4], [0.9, 0.4])

@@ -94,5 +94,6 @@ def test_sigkill_after_some_batches_keeps_them_and_the_next_sync_finishes(indexe
     assert after.search("wrap a paragraph of text to a fixed line width", 1)[0].path == "textwrap.py"
     r = after.sync()
     assert r.rebuilt is None and set(r.added) == new - done
-    assert r.embedded == sum(n for p, n in after._con.execute("SELECT path, n_chunks FROM files")
-                             if p in new - done)
+    # One vector per definition: those of the files not committed before, and no others.
+    assert r.embedded == len({(p, u) for p, u in after._con.execute("SELECT path, unit FROM chunks")
+                              if p in new - done and u})

