@@ -3,6 +3,7 @@
     composer-train rl --model DIR --tasks TASKS.jsonl --out RUN [--steps N --max-staleness 1 ...] [--resume]
     composer-train sft --model DIR --out OUT SESSION.jsonl|DIR ...
     composer-train check SESSION.jsonl --model DIR
+    composer-train plan --model DIR [--ranks 8 --gpu-memory 80]   # per-GPU memory of a training config
     composer-train export DIR --out OUT [--dtype bf16|fp32]  # a plain copy for tools that read no MXFP8 (transformers)
     composer-train expert-data SUITE --model DIR --out OUT    # token-exact SFT data from the scripted expert
     composer-train recipe tiny --out DIR [--seed S] [--smoke]  # expert data -> tokenizer -> SFT -> RL -> eval -> export
@@ -146,6 +147,16 @@ def build_parser() -> argparse.ArgumentParser:
     chk.add_argument("--dtype", choices=DTYPES, help="score in this dtype (default: what the session's requests "
                      "say they were served in, else as the trainer's default)")
 
+    pl = sub.add_parser("plan", help="print the per-GPU memory a training config needs (from config.json alone); "
+                        "exit 1 if it does not fit")
+    pl.add_argument("--model", required=True, help="checkpoint folder (only config.json is read)")
+    pl.add_argument("--ranks", type=int, default=1, help="GPUs the model is sharded over with FSDP2 (default 1: no FSDP)")
+    pl.add_argument("--gpu-memory", type=float, help="GiB per GPU (default: this machine's GPU, else its RAM)")
+    pl.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="compute dtype (default bfloat16)")
+    pl.add_argument("--no-mxfp8", action="store_true")
+    pl.add_argument("--json", action="store_true")
+    _memory_flags(pl)
+
     ex = sub.add_parser("export", help="write a checkpoint as plain weights (MXFP8 experts dequantized, exactly "
                         "as served) for tools that cannot read MXFP8, such as transformers")
     ex.add_argument("model", help="checkpoint folder (what composer-train writes, or any Qwen3-MoE checkpoint)")
@@ -162,6 +173,14 @@ def _numerics_flags(p: argparse.ArgumentParser) -> None:
                    "serve_dtype, else bfloat16 on a GPU and float32 on a CPU); a server the run launches serves in it")
     p.add_argument("--batch-invariant", action="store_true", help="batch-invariant numerics, trainer and launched "
                    "server both (composer-serve --batch-invariant): log-probs equal bit for bit")
+    _memory_flags(p)
+
+
+def _memory_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--micro-batch-tokens", type=int, default=8192,
+                   help="padded tokens per forward; a step accumulates gradients over them (default 8192)")
+    p.add_argument("--activation-checkpointing", action="store_true",
+                   help="keep each layer's input only and recompute the layer in the backward (less memory)")
 
 
 
@@ -172,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return {"rl": _rl, "sft": _sft, "check": _check, "expert-data": _expert_data,
-                "recipe": _recipe, "export": _export}[args.command](args)
+                "recipe": _recipe, "export": _export, "plan": _plan}[args.command](args)
     except (ValueError, FileNotFoundError) as e:  # bad input: a clear message, no traceback
         print(f"composer-train: error: {e}", file=sys.stderr)
         return 2
@@ -183,6 +202,46 @@ def _model_dir(path: str) -> Path:
     if not (d / "config.json").is_file():
         raise ValueError(f"{path} is not a checkpoint folder (no config.json)")
     return d
+
+
+def _plan(args) -> int:
+    import torch
+
+    from serve.model.config import ModelConfig
+    from train.memory_plan import GIB, PlanDoesNotFit, capacity_bytes, memory_plan
+
+    cfg = ModelConfig.from_dir(_model_dir(args.model))
+    if args.ranks < 1:
+        raise ValueError("--ranks must be at least 1")
+    compute = getattr(torch, args.dtype).itemsize
+    plan = memory_plan(cfg, world=args.ranks, fsdp=args.ranks > 1, compute_bytes=compute,
+                       master_bytes=8 if compute == 8 else 4, micro_batch_tokens=args.micro_batch_tokens,
+                       activation_checkpointing=args.activation_checkpointing, mxfp8_experts=not args.no_mxfp8)
+    cap = args.gpu_memory * GIB if args.gpu_memory else capacity_bytes("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        plan.check(cap)
+        fits = True
+    except PlanDoesNotFit as e:
+        fits, message = False, str(e).split("\n")[-1]
+    print(json.dumps(plan.as_dict() | {"fits": fits}, indent=2) if args.json else plan.table())
+    if not fits:
+        print(f"composer-train: {message}", file=sys.stderr)
+    return 0 if fits else 1
+
+
+def _print_plan(model: Path, cfg, fsdp: bool) -> None:
+    """One line before training starts: what a rank will need, of what it has (refuses when it cannot fit)."""
+    import os
+
+    import torch
+
+    from train.memory_plan import GIB, plan_for
+
+    world = int(os.environ.get("WORLD_SIZE", "1")) if fsdp else 1
+    device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    plan = plan_for(model, cfg, world=world, fsdp=fsdp, device=device)
+    print(f"composer-train: memory plan {plan.total / GIB:.2f} GiB per {'GPU' if device == 'cuda' else 'process'}"
+          f" of {plan.capacity / GIB:.1f} GiB (composer-train plan --model {model} for the table)", file=sys.stderr)
 
 
 def _export(args) -> int:
@@ -221,7 +280,9 @@ def _rl(args) -> int:
                    save_every=args.save_every, temperature=args.temperature, max_output_tokens=args.max_output_tokens,
                    backend=args.backend, vary_environment=args.vary_environment)
     trainer = TrainerConfig(lr=args.lr, seed=args.seed, mxfp8_experts=not args.no_mxfp8, dtype=args.dtype,
-                            batch_invariant=args.batch_invariant)
+                            batch_invariant=args.batch_invariant, micro_batch_tokens=args.micro_batch_tokens,
+                            activation_checkpointing=args.activation_checkpointing)
+    _print_plan(_model_dir(args.model), trainer, args.fsdp)
     leader = None
     if args.fsdp:
         from train.distributed.fsdp import FSDPTrainer, Leader, follow, init_process_group
@@ -277,8 +338,11 @@ def _sft(args) -> int:
                for s in build_samples(load(f), chat=chat, spec_hash=spec_hash)]
     if not samples:
         raise ValueError("the sessions hold no sampled tokens to train on")
-    trainer = Trainer(model, TrainerConfig(lr=args.lr, seed=args.seed, mxfp8_experts=not args.no_mxfp8,
-                                           dtype=args.dtype, batch_invariant=args.batch_invariant))
+    cfg = TrainerConfig(lr=args.lr, seed=args.seed, mxfp8_experts=not args.no_mxfp8, dtype=args.dtype,
+                        batch_invariant=args.batch_invariant, micro_batch_tokens=args.micro_batch_tokens,
+                        activation_checkpointing=args.activation_checkpointing)
+    _print_plan(model, cfg, fsdp=False)
+    trainer = Trainer(model, cfg)
     rng = random.Random(args.seed)
     steps = args.epochs * -(-len(samples) // args.batch)
     progress = Progress(steps, label="sft step")

@@ -32,6 +32,7 @@ and how many of those the trainer would have chosen differently (`routes_replaye
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import re
@@ -65,6 +66,12 @@ class TrainerConfig:
     """Clip the global gradient norm to this (0 disables)."""
     micro_batch_tokens: int = 8192
     """Padded tokens (sequences x longest) per forward pass; a step accumulates gradients over them."""
+    load_format: str = "auto"
+    """"dummy": random weights made on the device from config.json alone (serve/model/dummy.py, as vLLM's
+    --load-format dummy): to measure speed and memory at a real model's shape without its checkpoint."""
+    activation_checkpointing: bool = False
+    """Keep only each layer's input for the backward and run the layer again there (torch.utils.checkpoint):
+    activations of one layer at a time instead of all of them, for about a third more compute."""
     vocab_chunk: int = 16384
     """The LM head and log-softmax run this many vocabulary rows at a time when the vocabulary is larger
     (kernels/lm_head.py): memory O(tokens x chunk), never [tokens, V] (Qwen3's V is 151,936). Smaller
@@ -93,6 +100,8 @@ class TrainerConfig:
         if self.lr <= 0 or self.micro_batch_tokens < 1 or self.vocab_chunk < 1 or self.grad_clip < 0 \
                 or not self.eps > 0:
             raise ValueError("lr, eps, micro_batch_tokens and vocab_chunk must be positive and grad_clip >= 0")
+        if self.load_format not in ("auto", "dummy"):
+            raise ValueError(f"load_format must be auto or dummy, not {self.load_format!r}")
         if self.dtype not in (None, *DTYPES):
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
 
@@ -173,10 +182,21 @@ class Trainer:
         self.device = torch.device(c.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         torch.manual_seed(c.seed)
         self.dtype = compute_dtype(model_dir, c.dtype, self.device)
+        from train.memory_plan import plan_for
+
+        world = getattr(self, "world", None)  # FSDPTrainer sets it (and its device) before calling this
+        self.memory_plan = plan_for(model_dir, c, world=world or 1, fsdp=world is not None,
+                                    device=getattr(self, "plan_device", self.device.type))
         master = torch.float64 if self.dtype == torch.float64 else torch.float32
-        self.model = load_model(model_dir, device=self.device, dtype=master, quant="none")
+        if c.load_format == "dummy":
+            from serve.model.dummy import random_model
+
+            self.model = random_model(model_dir, device=self.device, dtype=master, seed=c.seed)
+        else:
+            self.model = load_model(model_dir, device=self.device, dtype=master, quant="none")
         self.model.to_training(c.mxfp8_experts)
         self.model.set_batch_invariant(c.batch_invariant)
+        self.model.activation_checkpointing = c.activation_checkpointing
         if c.train_only:
             for name, p in self.model.named_parameters():
                 p.requires_grad_(any(re.search(pat, name) for pat in c.train_only))
@@ -194,6 +214,21 @@ class Trainer:
     # -- forward ---------------------------------------------------------------------------------------
 
     score_trained_only = True  # run the LM head on trained positions only (see _token_logprobs)
+    phase_times: dict[str, float] | None = None  # set to {} to have step() add seconds per phase (syncs a GPU)
+
+    @contextlib.contextmanager
+    def _phase(self, name: str):
+        if self.phase_times is None:
+            yield
+            return
+        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        sync()
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            sync()
+            self.phase_times[name] = self.phase_times.get(name, 0.0) + time.perf_counter() - t0
 
     def _token_logprobs(self, ids_BL: torch.Tensor, mask_BL: torch.Tensor | None = None,
                         routes_BLMK: torch.Tensor | None = None,
@@ -275,8 +310,9 @@ class Trainer:
                 (gaps if s.min_version == self.policy_version and max(s.versions) == self.policy_version
                  else stale_gaps).append(d)
         c = self.config
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, c.grad_clip if c.grad_clip > 0 else math.inf)
-        self.optimizer.step()
+        with self._phase("optimizer"):
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, c.grad_clip if c.grad_clip > 0 else math.inf)
+            self.optimizer.step()
         self.step_count += 1
         self.policy_version += 1
         out = {"loss": loss_total, "grad_norm": float(grad_norm), "samples": n_seqs, "train_tokens": total_tokens,
@@ -299,6 +335,15 @@ class Trainer:
         """Forward and backward of one micro-batch (SFT when `advantages` is None), its loss weighted so
         that the micro-batches sum to the batch's loss; adds its loss terms into `sums`. Returns the
         loss, |trainer - sampler| log-prob per token [B, T] and the trained-token mask [B, T]."""
+        with self._phase("forward"):
+            loss, metrics, logp_BT, mask_BT, slp_BT = self._forward_loss(mb, advantages, total_tokens, n_seqs)
+        with self._phase("backward"):
+            loss.backward()
+        for k, v in metrics.items():
+            sums[k] = sums.get(k, 0.0) + float(v) * len(mb) / n_seqs
+        return float(loss.detach()), (logp_BT.detach() - slp_BT).abs(), mask_BT
+
+    def _forward_loss(self, mb: list[Sample], advantages: list[float] | None, total_tokens: int, n_seqs: int):
         ids, mask, slp = pad(mb, self.device)
         scored, routes = mask if self.score_trained_only else None, pad_routes(mb, self.device)
         logp_BT = self._token_logprobs(ids, scored, routes)
@@ -315,10 +360,7 @@ class Trainer:
             loss, metrics = policy_loss(logp_BT, slp_BT, adv_B, mask_BT, self._loss_config(n_seqs),
                                         ref_logprobs_BT=ref_BT)
             loss = loss * self._scale(mask_BT, len(mb), total_tokens, n_seqs)
-        loss.backward()
-        for k, v in metrics.items():
-            sums[k] = sums.get(k, 0.0) + float(v) * len(mb) / n_seqs
-        return float(loss.detach()), (logp_BT.detach() - slp_BT).abs(), mask_BT
+        return loss, metrics, logp_BT, mask_BT, slp_BT
 
     def _loss_config(self, n_seqs: int) -> LossConfig:
         if self.loss.aggregation == "token_sum" and self.loss.normalizer is None:

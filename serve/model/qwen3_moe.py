@@ -16,6 +16,7 @@ tensors into Parameters (fp32/bf16 masters); with `train_mxfp8` set they run thr
 
 from __future__ import annotations
 
+import contextlib
 from types import ModuleType
 
 import torch
@@ -161,10 +162,23 @@ class SparseMoE(nn.Module):
         differs from the router's own into `replay_counts` (the trainer reports them)."""
         replay_TK = replay_TK.long()
         has_T1 = (replay_TK >= 0).all(-1, keepdim=True)
-        differs_T = (own_TK.sort(-1).values != replay_TK.sort(-1).values).any(-1) & has_T1[:, 0]
-        n = torch.stack([has_T1.sum(), differs_T.sum()])
-        self.replay_counts = n if self.replay_counts is None else self.replay_counts + n
+        if not _RECOMPUTING[0]:  # an activation-checkpointed layer's second forward counts nothing
+            differs_T = (own_TK.sort(-1).values != replay_TK.sort(-1).values).any(-1) & has_T1[:, 0]
+            n = torch.stack([has_T1.sum(), differs_T.sum()])
+            self.replay_counts = n if self.replay_counts is None else self.replay_counts + n
         return torch.where(has_T1, replay_TK, own_TK)
+
+
+_RECOMPUTING = [False]
+
+
+@contextlib.contextmanager
+def _recomputing():
+    _RECOMPUTING[0] = True
+    try:
+        yield
+    finally:
+        _RECOMPUTING[0] = False
 
 
 class DecoderLayer(nn.Module):
@@ -205,6 +219,7 @@ class Qwen3MoeModel(nn.Module):
         # False: every layer's Python forward (the same result; for profiling layer by layer)
         self.fused_decode = True
         self.batch_invariant = False  # see set_batch_invariant
+        self.activation_checkpointing = False  # training: keep each layer's input only, recompute the rest
         for i, moe in enumerate(self.moe_layers()):
             moe.index = i
 
@@ -275,7 +290,15 @@ class Qwen3MoeModel(nn.Module):
         x_BLD = self.embed_tokens(input_ids_BL)
         cos_LC, sin_LC = self.cos_sin(torch.arange(L, device=input_ids_BL.device), x_BLD.dtype)
         for layer in self.layers:
-            x_BLD = layer.forward_dense(x_BLD, cos_LC, sin_LC, routes_BLMK)
+            if self.activation_checkpointing and torch.is_grad_enabled():
+                # keep only the layer's input; its backward runs the layer again (replay counts not twice)
+                from torch.utils.checkpoint import checkpoint
+
+                x_BLD = checkpoint(
+                    layer.forward_dense, x_BLD, cos_LC, sin_LC, routes_BLMK, use_reentrant=False,
+                    context_fn=lambda: (contextlib.nullcontext(), _recomputing()))
+            else:
+                x_BLD = layer.forward_dense(x_BLD, cos_LC, sin_LC, routes_BLMK)
         return self.norm(x_BLD)
 
     def to_training(self, mxfp8_experts: bool) -> Qwen3MoeModel:

@@ -224,3 +224,20 @@ def test_chunked_lm_head_trains_like_the_whole_vocabulary(tiny):
     grads = {n: p.grad for n, p in whole.model.named_parameters()}
     for n, p in sliced.model.named_parameters():
         assert (p.grad - grads[n]).abs().max() <= 1e-4 * grads[n].abs().max() + 1e-9, n
+
+
+def test_activation_checkpointing_gives_the_same_step(tiny):
+    samples, advs = fixed_samples(tiny), [1.0, -0.5, -0.5]
+    plain = Trainer(tiny, TrainerConfig(lr=1e-3, dtype="float32"))
+    ckpt = Trainer(tiny, TrainerConfig(lr=1e-3, dtype="float32", activation_checkpointing=True))
+    cfg, rng = plain.model.cfg, np.random.default_rng(0)
+    for s in samples:  # routed experts to replay, so that the replay counters run
+        s.routes = rng.integers(0, cfg.num_experts, (len(s.token_ids), len(plain.model.moe_layers()),
+                                                     cfg.num_experts_per_tok), dtype=np.int16)
+    a, b = plain.step(samples, advs), ckpt.step(samples, advs)
+    assert a["routes_replayed"] > 0
+    assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
+    assert a.get("routes_replayed") == b.get("routes_replayed")  # the recomputed forward counts nothing
+    grads = {n: p.grad for n, p in plain.model.named_parameters()}
+    for n, p in ckpt.model.named_parameters():
+        assert torch.allclose(p.grad, grads[n], rtol=1e-5, atol=1e-7), n

@@ -68,6 +68,7 @@ class FSDPTrainer(Trainer):
         config = config or TrainerConfig()
         device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.plan_device = device  # the memory plan is for the ranks' devices, not the host that loads
         super().__init__(model_dir, TrainerConfig(**{**config.__dict__, "device": "cpu"}), loss)
         self.config = config
         self.device = (
