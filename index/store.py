@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # Bump when the chunker, the embedded text or the layout changes: an older index is then rebuilt.
-# 4: one vector per definition (its whole code, no header), none for later slices or the code between
-# definitions; chunks and BM25 rows as in 3.
-FORMAT = "composer-index-4"
+# 4: one vector per definition (its whole code), none for later slices or the code between
+# definitions; chunks and BM25 rows as in 3. 5: the definition's name as words before its code.
+FORMAT = "composer-index-5"
 DB_NAME = "meta.sqlite"
 
 SCHEMA = """

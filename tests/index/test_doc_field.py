@@ -13,6 +13,7 @@ import numpy as np
 
 from index.code_index import CodeIndex, collapse
 from index.store import ChunkRow
+from index.sync import name_words
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,10 +44,11 @@ def test_doc_is_its_own_field_not_in_the_code_vector_or_bag(tmp_path: Path, embe
     # BM25 over code does not see the doc's words; the doc field does.
     assert len(snap.lexical.search("quokka coefficient", 10)[0]) == 0
     assert list(snap.doclex.search("quokka coefficient", 10)[0]) == [frob.id]
-    # The stored vector is the code's, without the docstring line (and without any header).
+    # The stored vector is the name as words and the code, without the docstring line (no header).
     code = "\n".join(line for line in frob.text.split("\n") if "quokka" not in line)
-    without = embedder.encode([code])[0]
-    with_doc = embedder.encode([frob.text])[0]
+    without = embedder.encode([f"{name_words(frob.symbol)}\n{code}"])[0]
+    with_doc = embedder.encode([f"{name_words(frob.symbol)}\n{frob.text}"])[0]
+    assert name_words(frob.symbol) == "frobnicate widgets"
     stored = snap.vectors.reconstruct(frob.id)
     assert float(stored @ without) > 0.999 > float(stored @ with_doc)
     # The doc still helps as a weak signal: the prose query finds the documented function.

@@ -253,8 +253,9 @@ def test_a_time_budget_commits_whole_batches_and_the_next_sync_continues(tmp_pat
 
 
 def test_a_long_definition_has_one_vector_of_its_whole_code(indexed_repo: Path, embedder):
-    """Format 4: the vector of a definition cut into several chunks is its whole code (no doc, no
-    path or symbol header), stored on its first chunk; its later slices have none."""
+    """Format 5: the vector of a definition cut into several chunks is its name as words and its
+    whole code (no doc, no path or symbol header), stored on its first chunk; its later slices have
+    none."""
     from index.sync import chunk_for, dense_texts
 
     ix = CodeIndex(indexed_repo, embedder=embedder)
@@ -277,7 +278,7 @@ def test_a_long_definition_has_one_vector_of_its_whole_code(indexed_repo: Path, 
 
 def test_an_index_of_an_older_format_rebuilds_itself(indexed_repo: Path, embedder):
     ix = CodeIndex(indexed_repo, embedder=embedder)
-    assert ix.info()["format"] == store.FORMAT == "composer-index-4"
+    assert ix.info()["format"] == store.FORMAT == "composer-index-5"
     n = ix.chunk_count()
     # What a format 3 index looks like to this code: the same tables, another format name.
     ix._con.execute("UPDATE info SET value = 'composer-index-3' WHERE key = 'format'")
@@ -286,7 +287,7 @@ def test_an_index_of_an_older_format_rebuilds_itself(indexed_repo: Path, embedde
     assert ix.search("wrap a paragraph of text", 3) == []  # nothing of the old format is read
     r = ix.sync()
     assert r.rebuilt == "index format changed" and r.chunks == n
-    assert ix.info()["format"] == "composer-index-4"
+    assert ix.info()["format"] == "composer-index-5"
     assert top_paths(ix, "wrap a paragraph of text to a fixed line width", 1) == ["textwrap.py"]
     consistent(ix)
     ix.close()
