@@ -1,4 +1,5 @@
-"""composer-serve on one GPU in one run: parity, decode speed, transformers, per-step overheads, kernels.
+"""composer-serve and the trainer on one GPU in one run: parity, decode speed, transformers, per-step
+overheads, kernels, a training step.
 
     python bench/gpu.py                                 # all sections (GPU: budgeted to ~6 minutes on an H100/H200)
     python bench/gpu.py --sections decode,profile --layers 24 --out /tmp/gpu
@@ -22,6 +23,11 @@ the rest; budgets are checked between measurements):
   engines, MXFP8): kernel launches, CUDA graph launches, GPU kernels run, host synchronisations and copies
   (H2D/D2H/D2D) per step, and the kernels that take the most GPU time.
 - kernels: bench/kernels.py's quantizer and MoE layer tables (its functions), tokens 1..4096.
+- train: the trainer's expert backward (grouped GEMMs, kernels/moe_grouped.py) against autograd through the
+  reference on this device, then one RL step at the 4-layer Qwen3-30B-A3B shape, 8 x 2,048 tokens, half
+  trained, micro-batches of 4,096 (bench/train_step.py): seconds, tokens/s, MFU of a measured bf16 matmul
+  rate, peak memory against the memory plan, forward/backward/optimizer split; with and without
+  activation checkpointing.
 
 Without CUDA every section runs a REDUCED shape (2 layers, hidden 128, 8 experts top-2, vocabulary 1024,
 batches 1 and 4, a 256-token prefill, a small kernel table) in well under a minute on 2 cores: a check that
@@ -64,7 +70,7 @@ from serve.engine.base import SamplingParams  # noqa: E402
 from serve.engine.native import EngineConfig, NativeEngine  # noqa: E402
 from serve.engine.parity import forced_logits  # noqa: E402
 
-SECTIONS = ("parity", "decode", "hf", "profile", "kernels")
+SECTIONS = ("parity", "decode", "hf", "profile", "kernels", "train")
 QWEN3_30B_A3B = dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=151936,
                      hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_hidden_layers=48,
                      num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
@@ -75,8 +81,8 @@ REDUCED = dict(vocab_size=1024, hidden_size=128, intermediate_size=256, moe_inte
                num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=2)
 # Seconds per section on a GPU; the decode section's includes the profile (they share the engines).
 # Sized from the probe that measured the first GPU figures (one H200): 6 minutes in all.
-GPU_BUDGETS = {"parity": 50, "decode-mxfp8": 125, "decode-none": 70, "hf": 50, "kernels": 45}
-CPU_BUDGETS = {"parity": 30, "decode-mxfp8": 50, "decode-none": 20, "hf": 15, "kernels": 15}
+GPU_BUDGETS = {"parity": 50, "decode-mxfp8": 125, "decode-none": 70, "hf": 50, "kernels": 45, "train": 60}
+CPU_BUDGETS = {"parity": 30, "decode-mxfp8": 50, "decode-none": 20, "hf": 15, "kernels": 15, "train": 30}
 WARM_STEPS = 2  # decode steps dropped at each batch: first replays, allocator growth
 
 
@@ -816,6 +822,63 @@ def section_kernels(plan: Plan, report: Report, deadline: float) -> None:
 # -- main --------------------------------------------------------------------------------------------------
 
 
+def section_train(plan: Plan, report: Report, deadline: float) -> None:
+    """One trainer step at the 4-layer Qwen3-30B-A3B shape (bench/train_step.py; the reduced shape on a CPU),
+    after checking the grouped-GEMM expert backward against autograd through the reference on this device."""
+    import importlib.util
+
+    from kernels.moe_grouped import grouped_available, moe_backward
+    from kernels.moe_reference import moe_reference
+
+    sec = report.section("train")
+    dev = plan.device
+    dtype = torch.bfloat16 if CUDA else torch.float32
+    g = torch.Generator(device=dev).manual_seed(0)
+    T, E, K, D, inter = (4096, 128, 8, 2048, 768) if CUDA else (256, 16, 4, 128, 64)
+    x = torch.randn(T, D, device=dev, generator=g).to(dtype)
+    ids = torch.randn(T, E, device=dev, generator=g).topk(K, -1).indices
+    w = torch.rand(T, K, device=dev, generator=g).to(dtype)
+    w13 = (torch.randn(E, 2 * inter, D, device=dev, generator=g) / D**0.5).to(dtype)
+    w2 = (torch.randn(E, D, inter, device=dev, generator=g) / inter**0.5).to(dtype)
+    grad = torch.randn(T, D, device=dev, generator=g).to(dtype)
+    grouped = grouped_available(dtype, torch.device(dev))
+    ours = moe_backward(grad, x, ids, w, w13, w2, grouped=grouped)
+    leaves = [t.clone().requires_grad_() for t in (x, w, w13, w2)]
+    moe_reference(leaves[0], ids, leaves[1], leaves[2], leaves[3]).backward(grad)
+    err = {name: float((a.float() - b.grad.float()).abs().max() / b.grad.float().abs().max())
+           for name, a, b in zip(("x", "weights", "w13", "w2"), ours, leaves, strict=True)}
+    sync()
+    times = {}
+    for name, flag in (("grouped", grouped), ("loop", False)):
+        if name == "grouped" and not grouped:
+            continue
+        moe_backward(grad, x, ids, w, w13, w2, grouped=flag)
+        sync()
+        t = time.perf_counter()
+        moe_backward(grad, x, ids, w, w13, w2, grouped=flag)
+        sync()
+        times[name] = time.perf_counter() - t
+    check = {"kind": "expert_backward", "tokens": T, "experts": E, "top_k": K, "grouped_mm": grouped,
+             "max_rel_err": err, "seconds": times}
+    sec["rows"].append(check)
+    log(f"expert backward ({'grouped GEMM' if grouped else 'per-expert loop'}): max relative error vs autograd "
+        f"{max(err.values()):.2e}; seconds {times}")
+    del x, ids, w, w13, w2, grad, ours, leaves
+    free_memory()
+    spec = importlib.util.spec_from_file_location("bench_train_step", ROOT / "bench" / "train_step.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    kw = dict(layers=4, seqs=8, length=2048) if CUDA else dict(layers=2, seqs=4, length=512)
+    for ckpt in (False, True):
+        if time.perf_counter() > deadline:
+            sec["skipped"].append("the run's budget is spent")
+            break
+        result = mod.measure("qwen3-30b-a3b" if CUDA else "reduced", micro_batch_tokens=4096, steps=3,
+                             activation_checkpointing=ckpt, log=log, **kw)
+        sec["rows"].append({"kind": "step"} | {k: v for k, v in result.items() if k != "plan"})
+        free_memory()
+
+
 def versions() -> dict:
     out = {"python": platform.python_version(), "torch": torch.__version__}
     for name in ("triton", "transformers"):
@@ -905,6 +968,8 @@ def main(argv: list[str] | None = None) -> int:
         run("hf", lambda: section_hf(plan, report, deadline))
     if "kernels" in sections:
         run("kernels", lambda: section_kernels(plan, report, deadline))
+    if "train" in sections:
+        run("train", lambda: section_train(plan, report, deadline))
 
     print("\n## summary", flush=True)
     for name, sec in report.data["sections"].items():
