@@ -236,10 +236,12 @@ def _print_plan(model: Path, cfg, fsdp: bool) -> None:
     import torch
 
     from train.memory_plan import GIB, plan_for
+    from train.trainer import compute_dtype
 
     world = int(os.environ.get("WORLD_SIZE", "1")) if fsdp else 1
     device = cfg.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    plan = plan_for(model, cfg, world=world, fsdp=fsdp, device=device)
+    compute = compute_dtype(model, cfg.dtype, torch.device(device)).itemsize
+    plan = plan_for(model, cfg, compute_bytes=compute, world=world, fsdp=fsdp, device=device)
     print(f"composer-train: memory plan {plan.total / GIB:.2f} GiB per {'GPU' if device == 'cuda' else 'process'}"
           f" of {plan.capacity / GIB:.1f} GiB (composer-train plan --model {model} for the table)", file=sys.stderr)
 

@@ -171,17 +171,15 @@ def capacity_bytes(device: str) -> float:
     return float(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
 
 
-def plan_for(model_dir, config, *, world: int = 1, fsdp: bool = False, device: str = "cpu",
-             dtype_bytes: int | None = None) -> MemoryPlan:
+def plan_for(model_dir, config, *, compute_bytes: int, world: int = 1, fsdp: bool = False,
+             device: str = "cpu") -> MemoryPlan:
     """The plan of a TrainerConfig on a checkpoint (its config.json only), checked against `device`'s memory:
     raises PlanDoesNotFit when it cannot fit."""
     import torch
 
-    from train.trainer import compute_dtype
-
     cfg = ModelConfig.from_dir(model_dir)
     dev = torch.device(device)
-    compute = dtype_bytes or compute_dtype(model_dir, config.dtype, dev).itemsize
+    compute = compute_bytes
     plan = memory_plan(cfg, world=world, fsdp=fsdp, compute_bytes=compute, master_bytes=8 if compute == 8 else 4,
                        micro_batch_tokens=config.micro_batch_tokens,
                        activation_checkpointing=config.activation_checkpointing, vocab_chunk=config.vocab_chunk,

@@ -185,7 +185,8 @@ class Trainer:
         from train.memory_plan import plan_for
 
         world = getattr(self, "world", None)  # FSDPTrainer sets it (and its device) before calling this
-        self.memory_plan = plan_for(model_dir, c, world=world or 1, fsdp=world is not None,
+        self.memory_plan = plan_for(model_dir, c, compute_bytes=self.dtype.itemsize, world=world or 1,
+                                    fsdp=world is not None,
                                     device=getattr(self, "plan_device", self.device.type))
         master = torch.float64 if self.dtype == torch.float64 else torch.float32
         if c.load_format == "dummy":
