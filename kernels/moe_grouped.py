@@ -27,12 +27,38 @@ _GROUPED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def grouped_available(dtype: torch.dtype, device: torch.device) -> bool:
-    """Whether torch._grouped_mm runs this dtype on this device (else the per-expert loop is used)."""
+    """Whether torch._grouped_mm runs this dtype on this device and gives the loop's results there (checked
+    once per device and dtype on unaligned runs and an empty group; else the per-expert loop is used)."""
     if not hasattr(torch, "_grouped_mm") or dtype not in _GROUPED_DTYPES:
         return False
     if device.type == "cuda":
-        return dtype == torch.bfloat16 and torch.cuda.get_device_capability(device) >= (9, 0)
-    return device.type == "cpu"
+        if dtype != torch.bfloat16 or torch.cuda.get_device_capability(device) < (9, 0):
+            return False
+    elif device.type != "cpu":
+        return False
+    key = (str(device), dtype)
+    if key not in _CHECKED:
+        _CHECKED[key] = _agrees(dtype, device)
+    return _CHECKED[key]
+
+
+_CHECKED: dict[tuple[str, torch.dtype], bool] = {}
+
+
+def _agrees(dtype: torch.dtype, device: torch.device) -> bool:
+    g = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(37, 32, generator=g, device=device).to(dtype)
+    b = torch.randn(4, 48, 32, generator=g, device=device).to(dtype)  # [E, N, K], as expert weights are stored
+    c = torch.randn(37, 48, generator=g, device=device).to(dtype)
+    offs = torch.tensor([5, 5, 20, 37], dtype=torch.int32, device=device)
+    try:
+        pairs = [(grouped_mm(a, b.transpose(1, 2), offs, True), grouped_mm(a, b.transpose(1, 2), offs, False)),
+                 (grouped_mm(c, b, offs, True), grouped_mm(c, b, offs, False)),
+                 (grouped_wgrad(c, a, offs, True), grouped_wgrad(c, a, offs, False))]
+    except RuntimeError:
+        return False
+    return all(torch.allclose(x.float(), y.float(), rtol=2e-2, atol=2e-2 * float(y.float().abs().max()))
+               for x, y in pairs)
 
 
 def _col_major(b: torch.Tensor) -> torch.Tensor:
