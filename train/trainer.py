@@ -207,8 +207,10 @@ class Trainer:
         self.ref_model = None
         if self.loss.kl_coef > 0:  # the frozen reference for the KL penalty: the weights training starts from
             self.ref_model = copy.deepcopy(self.model).requires_grad_(False)
+        # on a GPU one fused kernel per parameter group (no per-tensor launches); elsewhere the foreach path
+        fused = self.device.type == "cuda"
         self.optimizer = torch.optim.AdamW(self.params, lr=c.lr, betas=c.betas, eps=c.eps,
-                                           weight_decay=c.weight_decay, foreach=True)
+                                           weight_decay=c.weight_decay, foreach=not fused, fused=fused or None)
         self.policy_version = int(read_policy(model_dir).get("policy_version", 0))
         self.step_count = 0
 
