@@ -189,3 +189,10 @@ def test_builtin_model_ships_in_the_layout():
     names = set(_tensors(builtin))
     assert "model.layers.0.mlp.experts.7.down_proj.weight_scale" in names
     assert not any(n.endswith("gate_up_proj") for n in names)
+
+
+def test_hf_engine_refuses_mxfp8_experts_and_names_the_export(trained):
+    from serve.engine.hf import HFEngine
+
+    with pytest.raises(ValueError, match="composer-train export"):
+        HFEngine(str(trained), dtype="float32", device="cpu")
