@@ -1,10 +1,11 @@
 """A workspace's semantic code index: open it, keep it in sync (sync.py), search it.
 
-Search embeds the query, takes the best candidates from the dense (FAISS, exact inner product) index of
-the code, the lexical (BM25) index of the code and the BM25 index of the doc prose (a separate field,
-see chunker.py), optionally restricted to a file or folder, fuses the three lists (fusion.py; the
-weights were tuned on the bench's development queries), and collapses several chunks of one
-definition (slices of a long function) into its best one.
+Search embeds the query, takes the best candidates from the dense (FAISS, exact inner product, one
+vector per definition: sync.py) index of the code, the lexical (BM25) index of the code and the BM25
+index of the doc prose (a separate field, see chunker.py), optionally restricted to a file or folder,
+puts every list per definition (`per_definition`: the head the dense list finds and a slice BM25
+finds are one answer), fuses the three lists (fusion.py; the weights were chosen on the bench's
+development queries), and collapses several chunks of one definition into one result.
 
 One `CodeIndex` serves one workspace; its methods are thread-safe (one lock: search reads the same
 in-memory FAISS index that sync mutates). Several processes may share a workspace: writers serialise
