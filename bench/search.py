@@ -104,6 +104,7 @@ def cmd_quality(args) -> None:
     print(f"retrieval: {len(queries)} queries in {time.monotonic() - t:.1f}s")
     ids = sorted({i for d, lx, dc in cands for i in d[0] + lx[0] + dc[0]})
     rows = ix.chunks(ids)
+    cands = [tuple(per_definition(list(c), rows)) for c in cands]  # as CodeIndex.search does
     # Tune fusion on one half of the queries and report on the other; split by file, so the two halves
     # share no code.
     dev = [i for i, q in enumerate(queries) if zlib.crc32(q.path.encode()) % 2 == 0]
@@ -122,6 +123,8 @@ def cmd_quality(args) -> None:
     grids = {
         "rrf": [Weights("rrf", wd, 1.0, k=k) for wd in (0.5, 0.75, 1.0, 1.25, 1.5, 2.0) for k in (2, 5, 10, 20, 60)],
         "sum": [Weights("sum", a, round(1 - a, 2)) for a in (0.3, 0.4, 0.5, 0.6, 0.65, 0.7, 0.75, 0.8, 0.9)],
+        "abs": [Weights("abs", a, round(1 - a, 2), power=p) for a in (0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+                for p in (0.5, 1, 2, 4, 6)],
     }
     tuned = {m: max(g, key=lambda w: evaluate(dev, w)["MRR@10"]) for m, g in grids.items()}
     shipped = Weights()
