@@ -23,6 +23,8 @@ Variants (what the embedder reads for each chunk of a definition or of code betw
                      name as words on a first line
     f5 no containers, f5 no comment lines, f5 no name words: format 5 less one thing (a class's
                      own chunk, whole-line comments, the name line)
+    f5 dotted name words, f5 + file stem: the name line from every part of the dotted symbol, or
+                     with the file's stem as words too
 The naive dense list (one unit per function, whole text without comments) is printed alongside.
 """
 
@@ -136,6 +138,11 @@ def _name_words(symbol: str) -> str:
     return name_words(symbol)
 
 
+def _body(it: Item) -> str:
+    """A format 5 text without its name line."""
+    return it.code.split("\n", 1)[-1] if _name_words(it.symbol) else it.code
+
+
 def _join(*parts: str) -> str:
     return "\n".join(p for p in parts if p)
 
@@ -158,6 +165,10 @@ VARIANTS: dict[str, tuple[Callable[[list[Item]], list[Item]], Callable[[Item], s
     "format 5": (format5, lambda it: it.code, 256),
     "f5 no containers": (lambda xs: _no_containers(format5(xs)), lambda it: it.code, 256),
     "f5 no comment lines": (format5, lambda it: _no_comment_lines(it.code), 256),
+    "f5 dotted name words": (format5, lambda it: _join(" ".join(_name_words(p) for p in it.symbol.split(".")),
+                                                        _body(it)), 256),
+    "f5 + file stem": (format5, lambda it: _join(_name_words(it.symbol), _name_words(
+        it.path.rsplit("/", 1)[-1].split(".")[0]), _body(it)), 256),
     "f5 no name words": (format5, lambda it: it.code.split("\n", 1)[-1] if _name_words(it.symbol) else it.code, 256),
 }
 

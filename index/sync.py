@@ -153,7 +153,9 @@ def content_hash(data: bytes) -> str:
 
 def chunk_for(rel: str, text: str, emb: Embedder) -> list[Chunk]:
     path_tokens = emb.count_tokens([rel])[0]
-    # [CLS] and [SEP] take two of the model's tokens; the header takes the path and the symbol.
+    # Chunks are what BM25 indexes and a search shows; their size is still that of the model's window
+    # less [CLS], [SEP] and a path-and-symbol header (what format 3 embedded), which measured well for
+    # BM25. The vectors (dense_texts) read whole definitions instead.
     budget = max(64, emb.max_tokens - 2 - path_tokens - SYMBOL_RESERVE)
     return chunk_file(rel, text, budget=budget, count_tokens=emb.count_tokens)
 

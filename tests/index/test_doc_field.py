@@ -127,3 +127,18 @@ def test_per_definition_lets_a_later_slice_and_the_head_reinforce_each_other():
     # One id per definition in every list (the slice BM25 ranks best), each list's best score kept.
     assert d == ([3, 4, 5], [0.7, 0.6, 0.5])
     assert lx == ([3, 4], [0.9, 0.4])
+
+
+def test_only_definitions_have_vectors_except_in_files_without_a_grammar():
+    from index.chunker import chunk_file
+    from index.sync import dense_texts
+
+    code = "import os\nimport sys\n\nLIMIT = 3\n\n\n" + DOCUMENTED
+    chunks = chunk_file("widgets.py", code, budget=40)
+    texts = dense_texts(chunks)
+    assert any(c.unit is None for c in chunks) and any(c.unit for c in chunks)
+    assert [t is None for t in texts] == [c.unit is None for c in chunks]  # imports, LIMIT: no vector
+    assert texts[-1].startswith("undocumented twin\ndef undocumented_twin(")
+    prose = "# Notes\n\n" + "\n".join(f"Line {i} about gizmos and their upkeep." for i in range(40))
+    chunks = chunk_file("NOTES.md", prose, budget=40)
+    assert len(chunks) > 1 and all(dense_texts(chunks, parsed=False))

@@ -72,3 +72,18 @@ def test_ids_must_grow():
     lex.add([5], ["alpha"])
     with pytest.raises(ValueError):
         lex.add([3], ["beta"])
+
+
+def test_ceiling_bounds_every_score_and_is_reached_by_a_full_match():
+    lex = Lexical.empty()
+    lex.add([1, 2, 3], ["parse header value", "parse parse parse config", "header header folding rules"])
+    query = "parse the header"
+    ids, scores = lex.search(query, 10)
+    ceiling = lex.ceiling(query)
+    assert len(ids) == 3 and ceiling >= float(scores.max()) > 0
+    # One chunk holding each query term at that term's best weight would score the ceiling: here chunk
+    # 2 has "parse" at its best and chunk 3 "header", so the ceiling is their best weights summed.
+    best_parse = float(lex.search("parse", 10)[1].max())
+    best_header = float(lex.search("header", 10)[1].max())
+    assert ceiling == pytest.approx(best_parse + best_header)
+    assert lex.ceiling("words nobody wrote") == 0.0
