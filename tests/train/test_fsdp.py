@@ -23,7 +23,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(rank: int, world: int, port: int, tiny: str, out: str, budget: int) -> None:
+def _rank_main(rank: int, world: int, port: int, tiny: str, out: str, budget: int, ckpt: bool = False) -> None:
     os.environ |= {
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(port),
@@ -39,7 +39,7 @@ def _rank_main(rank: int, world: int, port: int, tiny: str, out: str, budget: in
 
     init_process_group()
     try:
-        trainer = FSDPTrainer(tiny, TrainerConfig(lr=1e-3, micro_batch_tokens=budget))
+        trainer = FSDPTrainer(tiny, TrainerConfig(lr=1e-3, micro_batch_tokens=budget, activation_checkpointing=ckpt))
         w13 = trainer.model.layers[0].mlp.w13
         local_experts = w13.to_local().shape[0]
         m = trainer.step(fixed_samples(tiny), ADVS)
@@ -56,12 +56,13 @@ def _rank_main(rank: int, world: int, port: int, tiny: str, out: str, budget: in
 
 
 @pytest.mark.slow
-def test_fsdp_step_equals_single_process_and_dcp_loads_unsharded(tiny, tmp_path):
+@pytest.mark.parametrize("ckpt", [False, True], ids=["plain", "activation-checkpointing"])
+def test_fsdp_step_equals_single_process_and_dcp_loads_unsharded(tiny, tmp_path, ckpt):
     samples = fixed_samples(tiny)
     budget = max(
         len(s.token_ids) for s in samples
     )  # one sample per micro-batch: rank 1 pads with an empty pass
-    tmp.spawn(_rank_main, args=(2, _free_port(), str(tiny), str(tmp_path), budget), nprocs=2, join=True)
+    tmp.spawn(_rank_main, args=(2, _free_port(), str(tiny), str(tmp_path), budget, ckpt), nprocs=2, join=True)
     got = torch.load(tmp_path / "rank0.pt", weights_only=False)
 
     ref = Trainer(tiny, TrainerConfig(lr=1e-3, micro_batch_tokens=budget))
