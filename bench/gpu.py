@@ -868,7 +868,7 @@ def section_train(plan: Plan, report: Report, deadline: float) -> None:
     spec = importlib.util.spec_from_file_location("bench_train_step", ROOT / "bench" / "train_step.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    kw = dict(layers=4, seqs=8, length=2048) if CUDA else dict(layers=2, seqs=4, length=512)
+    kw = dict(layers=4, seqs=8, length=2048) if CUDA else dict(layers=2, seqs=4, length=256)
     for ckpt in (False, True):
         if time.perf_counter() > deadline:
             sec["skipped"].append("the run's budget is spent")

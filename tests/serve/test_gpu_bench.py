@@ -33,7 +33,7 @@ def test_every_section_runs(run):
     assert "REDUCED CPU SHAPE" in done.stdout and "wrote " in done.stdout
     assert data["meta"]["reduced_cpu_shape"] and data["meta"]["versions"]["torch"]
     sections = data["sections"]
-    assert set(sections) == {"parity", "decode", "hf", "profile", "kernels"}
+    assert set(sections) == {"parity", "decode", "hf", "profile", "kernels", "train"}
     for name, sec in sections.items():
         assert sec["status"] == "ok" and not sec["errors"] and sec["rows"], (name, sec)
 
@@ -73,6 +73,18 @@ def test_profile_and_kernel_figures(run):
     assert [r["tokens"] for r in kernels if r["kind"] == "moe"] == [1, 8, 64]
     assert all(r["bf16_ms"] > 0 and r["mxfp8_ms"] > 0 for r in kernels if r["kind"] == "moe")
     assert all(r["gb_s"] > 0 for r in kernels if r["kind"] == "quantizer")
+
+
+def test_train_figures(run):
+    rows = run[1]["sections"]["train"]["rows"]
+    check = next(r for r in rows if r["kind"] == "expert_backward")
+    assert max(check["max_rel_err"].values()) < 1e-4  # float32 on a CPU: the grouped backward = autograd
+    steps = [r for r in rows if r["kind"] == "step"]
+    assert [r["activation_checkpointing"] for r in steps] == [False, True]
+    for r in steps:
+        assert r["step_s"] > 0 and 0 < r["mfu"] < 1 and r["tokens_per_s"] > 0 and r["peak_bytes"] > 0
+        assert r["plan_bytes"] > 0 and all(s["quantizations"] == 2 for s in r["steps"])  # 2 MoE layers, once each
+        assert set(r["steps"][-1]["phases_s"]) == {"forward", "backward", "optimizer"}
 
 
 def test_unknown_sections_are_refused():
