@@ -69,7 +69,7 @@ def _col_major(b: torch.Tensor) -> torch.Tensor:
 def grouped_mm(a_PK: torch.Tensor, b_EKN: torch.Tensor, offs_E: torch.Tensor, grouped: bool) -> torch.Tensor:
     """Rows of a in expert e's run (offs[e-1]:offs[e]) times b[e]: [P, N]."""
     if grouped:
-        return torch._grouped_mm(a_PK, _col_major(b_EKN) if a_PK.is_cuda else b_EKN, offs=offs_E)
+        return torch._grouped_mm(a_PK, b_EKN if a_PK.device.type == "cpu" else _col_major(b_EKN), offs=offs_E)
     out = a_PK.new_empty(a_PK.shape[0], b_EKN.shape[-1])
     start = 0
     for e, end in enumerate(offs_E.tolist()):

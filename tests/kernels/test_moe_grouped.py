@@ -49,3 +49,20 @@ def test_grouped_path_runs_a_fixed_number_of_ops_whatever_the_experts():
     with OpCounter() as loop:
         moe_backward(grad, x, ids, w, w13, w2, grouped=False)
     assert loop.total > 2 * counts[1]  # the per-expert loop the grouped path replaces
+
+
+def test_grouped_calls_pass_torchs_cuda_checks_on_the_meta_device():
+    """torch's meta kernel for _grouped_mm carries the CUDA kernel's checks (bf16, strides 16-byte aligned):
+    every grouped GEMM of the backward passes them at the Qwen3-30B-A3B layer shape, and an unaligned
+    width is caught, so the check is live."""
+    def run(inter: int):
+        m = dict(device="meta", dtype=torch.bfloat16)
+        T, E, K, D = 4096, 128, 8, 2048
+        ids = torch.empty(T, K, device="meta", dtype=torch.long)
+        return moe_backward(torch.empty(T, D, **m), torch.empty(T, D, **m), ids, torch.empty(T, K, **m),
+                            torch.empty(E, 2 * inter, D, **m), torch.empty(E, D, inter, **m), grouped=True)
+
+    g_x, g_w, g_13, g_2 = run(768)
+    assert g_x.shape == (4096, 2048) and g_13.shape == (128, 1536, 2048) and g_2.shape == (128, 2048, 768)
+    with pytest.raises(RuntimeError, match="16 bytes"):
+        run(767)
