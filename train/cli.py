@@ -152,7 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--model", required=True, help="checkpoint folder (only config.json is read)")
     pl.add_argument("--ranks", type=int, default=1, help="GPUs the model is sharded over with FSDP2 (default 1: no FSDP)")
     pl.add_argument("--gpu-memory", type=float, help="GiB per GPU (default: this machine's GPU, else its RAM)")
-    pl.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="compute dtype (default bfloat16)")
+    pl.add_argument("--dtype", choices=DTYPES, help="compute dtype (default: the checkpoint's serve_dtype, else "
+                    "bfloat16, as the trainer on a GPU)")
     pl.add_argument("--no-mxfp8", action="store_true")
     pl.add_argument("--json", action="store_true")
     _memory_flags(pl)
@@ -213,7 +214,9 @@ def _plan(args) -> int:
     cfg = ModelConfig.from_dir(_model_dir(args.model))
     if args.ranks < 1:
         raise ValueError("--ranks must be at least 1")
-    compute = getattr(torch, args.dtype).itemsize
+    from train.trainer import compute_dtype
+
+    compute = compute_dtype(args.model, args.dtype, torch.device("cuda")).itemsize
     plan = memory_plan(cfg, world=args.ranks, fsdp=args.ranks > 1, compute_bytes=compute,
                        master_bytes=8 if compute == 8 else 4, micro_batch_tokens=args.micro_batch_tokens,
                        activation_checkpointing=args.activation_checkpointing, mxfp8_experts=not args.no_mxfp8)
