@@ -110,18 +110,25 @@ class _MXFP8MoE(torch.autograd.Function):
         else:
             q13 = MXFP8Tensor.quantize(w13.detach(), scale_mode, backend)
             q2 = MXFP8Tensor.quantize(w2.detach(), scale_mode, backend)
-        ctx.save_for_backward(x_TD, topk_ids_TK, topk_weights_TK, q13.data, q13.scales, q2.data, q2.scales)
-        ctx.dtypes, ctx.backend = (w13.dtype, w2.dtype), backend
+        # the weights themselves, not their MXFP8 copy: the backward takes the copy from the cache, or
+        # quantizes again (under FSDP the gathered weights are freed after the forward and gathered again
+        # for the backward, so no layer's copy waits in memory for it)
+        ctx.save_for_backward(x_TD, topk_ids_TK, topk_weights_TK, w13, w2)
+        ctx.scale_mode, ctx.backend, ctx.cache = scale_mode, backend, cache
         return moe_forward(x_TD, topk_ids_TK, topk_weights_TK, q13, q2, backend=backend, mma=mma)
 
     @staticmethod
     def backward(ctx, grad_TD):
-        x_TD, ids_TK, weights_TK, d13, s13, d2, s2 = ctx.saved_tensors
-        w13 = dequantize_mxfp8(d13, s13, x_TD.dtype, backend=ctx.backend)
-        w2 = dequantize_mxfp8(d2, s2, x_TD.dtype, backend=ctx.backend)
+        x_TD, ids_TK, weights_TK, m13, m2 = ctx.saved_tensors
+        if ctx.cache is not None:
+            q13, q2 = ctx.cache.get(m13, m2, ctx.scale_mode, ctx.backend)
+        else:
+            q13 = MXFP8Tensor.quantize(m13.detach(), ctx.scale_mode, ctx.backend)
+            q2 = MXFP8Tensor.quantize(m2.detach(), ctx.scale_mode, ctx.backend)
+        w13 = q13.dequantize(x_TD.dtype, backend=ctx.backend)
+        w2 = q2.dequantize(x_TD.dtype, backend=ctx.backend)
         g_x, g_w, g_13, g_2 = moe_backward(grad_TD.to(x_TD.dtype), x_TD, ids_TK, weights_TK, w13, w2)
-        return (g_x, None, g_w.to(weights_TK.dtype), g_13.to(ctx.dtypes[0]), g_2.to(ctx.dtypes[1]),
-                None, None, None, None)
+        return (g_x, None, g_w.to(weights_TK.dtype), g_13.to(m13.dtype), g_2.to(m2.dtype), None, None, None, None)
 
 
 def mxfp8_moe(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor,

@@ -11,9 +11,9 @@ dimension, and AdamW's moments with them; one rank without):
 - compute copies: without FSDP, the forward's copies of the non-expert weights in the compute dtype (none
   when it is the masters' dtype); with FSDP, two layers gathered at a time (the current one and the one
   prefetched) plus the root's embeddings and LM head, held through the forward
-- MXFP8 experts: the quantized copy the forward computes with and the backward reads, 1 + 1/32 bytes per
-  expert weight: every MoE layer's at once (kept for the backward; without FSDP it is also the cache that
-  lasts the optimizer step), or one layer's with activation checkpointing under FSDP
+- MXFP8 experts: the quantized copy the forward computes with, 1 + 1/32 bytes per expert weight: without
+  FSDP every MoE layer's (the cache that lasts the optimizer step, which the backward reads too); with
+  FSDP one layer's (the gathered weights are quantized again in each layer's backward)
 - activations saved for the backward, per token per layer (the tensors this code saves, counted in
   `activation_bytes_per_token`), every layer's, or with activation checkpointing each layer's input plus
   one layer's
@@ -138,7 +138,7 @@ def memory_plan(cfg: ModelConfig, *, world: int = 1, fsdp: bool = False, compute
     elif c != m:
         plan.rows.append(("compute-dtype copies", (n["total"] - (n["experts"] if mxfp8_experts else 0)) * c))
     if mxfp8_experts and moe_layers:
-        held = 1 if (fsdp and activation_checkpointing) else moe_layers
+        held = 1 if fsdp else moe_layers  # under FSDP: quantized again in each layer's backward
         name = f"MXFP8 experts ({held} layer{'s' if held > 1 else ''})"
         plan.rows.append((name, held * n["expert_layer"] * (1 + 1 / 32)))
         if not fsdp:  # the cache that lasts the optimizer step
