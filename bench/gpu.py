@@ -69,14 +69,9 @@ sys.path.insert(0, str(ROOT))  # this folder holds a kernels.py: the package mus
 from serve.engine.base import SamplingParams  # noqa: E402
 from serve.engine.native import EngineConfig, NativeEngine  # noqa: E402
 from serve.engine.parity import forced_logits  # noqa: E402
+from serve.model.config import QWEN3_30B_A3B  # noqa: E402
 
 SECTIONS = ("parity", "decode", "hf", "profile", "kernels", "train")
-QWEN3_30B_A3B = dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=151936,
-                     hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_hidden_layers=48,
-                     num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
-                     num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
-                     rms_norm_eps=1e-6, max_position_embeddings=40960, rope_theta=1000000.0,
-                     tie_word_embeddings=False, attention_bias=False, torch_dtype="bfloat16")
 REDUCED = dict(vocab_size=1024, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
                num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=2)
 # Seconds per section on a GPU; the decode section's includes the profile (they share the engines).

@@ -28,12 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-QWEN3_30B_A3B = dict(
-    architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=151936, hidden_size=2048,
-    num_attention_heads=32, num_key_value_heads=4, head_dim=128, intermediate_size=6144, moe_intermediate_size=768,
-    num_experts=128, num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
-    rms_norm_eps=1e-6, max_position_embeddings=40960, rope_theta=1000000.0, tie_word_embeddings=False,
-    torch_dtype="bfloat16")
+from serve.model.config import QWEN3_30B_A3B  # noqa: E402
+
 REDUCED = dict(QWEN3_30B_A3B, vocab_size=32768, hidden_size=256, num_attention_heads=8, num_key_value_heads=2,
                head_dim=32, moe_intermediate_size=128, num_experts=64, num_experts_per_tok=8)
 
@@ -84,7 +80,7 @@ class Peak:
             self.base = torch.cuda.memory_allocated()
         else:
             Path("/proc/self/clear_refs").write_text("5")
-            self.base = _status_kib("VmRSS") * 1024
+            self.base = status_kib("VmRSS") * 1024
         return self
 
     def __exit__(self, *exc):
@@ -94,11 +90,11 @@ class Peak:
             torch.cuda.synchronize()
             self.peak = torch.cuda.max_memory_allocated()
         else:
-            self.peak = _status_kib("VmHWM") * 1024
+            self.peak = status_kib("VmHWM") * 1024
         self.increase = self.peak - self.base
 
 
-def _status_kib(field: str) -> int:
+def status_kib(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
             return int(line.split()[1])

@@ -208,28 +208,25 @@ def _model_dir(path: str) -> Path:
 def _plan(args) -> int:
     import torch
 
-    from serve.model.config import ModelConfig
-    from train.memory_plan import GIB, PlanDoesNotFit, capacity_bytes, memory_plan
+    from train.memory_plan import GIB, PlanDoesNotFit, plan_for
+    from train.trainer import TrainerConfig, compute_dtype
 
-    cfg = ModelConfig.from_dir(_model_dir(args.model))
+    model = _model_dir(args.model)
     if args.ranks < 1:
         raise ValueError("--ranks must be at least 1")
-    from train.trainer import compute_dtype
-
-    compute = compute_dtype(args.model, args.dtype, torch.device("cuda")).itemsize
-    plan = memory_plan(cfg, world=args.ranks, fsdp=args.ranks > 1, compute_bytes=compute,
-                       master_bytes=8 if compute == 8 else 4, micro_batch_tokens=args.micro_batch_tokens,
-                       activation_checkpointing=args.activation_checkpointing, mxfp8_experts=not args.no_mxfp8)
-    cap = args.gpu_memory * GIB if args.gpu_memory else capacity_bytes("cuda" if torch.cuda.is_available() else "cpu")
+    cfg = TrainerConfig(micro_batch_tokens=args.micro_batch_tokens, mxfp8_experts=not args.no_mxfp8,
+                        activation_checkpointing=args.activation_checkpointing)
+    device = "cuda" if args.gpu_memory or torch.cuda.is_available() else "cpu"
+    compute = compute_dtype(model, args.dtype, torch.device(device)).itemsize
     try:
-        plan.check(cap)
-        fits = True
+        plan, advice = plan_for(model, cfg, compute_bytes=compute, world=args.ranks, fsdp=args.ranks > 1,
+                                device=device, capacity=args.gpu_memory and args.gpu_memory * GIB), None
     except PlanDoesNotFit as e:
-        fits, message = False, str(e).split("\n")[-1]
-    print(json.dumps(plan.as_dict() | {"fits": fits}, indent=2) if args.json else plan.table())
-    if not fits:
-        print(f"composer-train: {message}", file=sys.stderr)
-    return 0 if fits else 1
+        plan, advice = e.plan, e.advice
+    print(json.dumps(plan.as_dict() | {"fits": advice is None}, indent=2) if args.json else plan.table())
+    if advice:
+        print(f"composer-train: {advice}", file=sys.stderr)
+    return 0 if advice is None else 1
 
 
 def _print_plan(model: Path, cfg, fsdp: bool) -> None:

@@ -40,7 +40,11 @@ RESERVE = 0.10
 
 
 class PlanDoesNotFit(ValueError):
-    """The planned step needs more memory than the device has."""
+    """The planned step needs more memory than the device has (`plan`, and `advice`: what to change)."""
+
+    def __init__(self, plan: MemoryPlan, advice: str):
+        super().__init__(f"{plan.table()}\n{advice}")
+        self.plan, self.advice = plan, advice
 
 
 @dataclass
@@ -82,8 +86,8 @@ class MemoryPlan:
         if capacity is not None and self.total > capacity:
             hint = ("more ranks (--fsdp under torchrun)" if not self.fsdp else "more ranks") + \
                    ", --activation-checkpointing, or a smaller --micro-batch-tokens"
-            raise PlanDoesNotFit(f"{self.table()}\nthe step needs {self.total / GIB:.1f} GiB per rank but "
-                                 f"{capacity / GIB:.1f} GiB are there: use {hint}")
+            raise PlanDoesNotFit(self, f"the step needs {self.total / GIB:.1f} GiB per rank but "
+                                       f"{capacity / GIB:.1f} GiB are there: use {hint}")
 
 
 def parameter_counts(cfg: ModelConfig) -> dict[str, int]:
@@ -172,17 +176,13 @@ def capacity_bytes(device: str) -> float:
 
 
 def plan_for(model_dir, config, *, compute_bytes: int, world: int = 1, fsdp: bool = False,
-             device: str = "cpu") -> MemoryPlan:
-    """The plan of a TrainerConfig on a checkpoint (its config.json only), checked against `device`'s memory:
-    raises PlanDoesNotFit when it cannot fit."""
-    import torch
-
+             device: str = "cpu", capacity: float | None = None) -> MemoryPlan:
+    """The plan of a TrainerConfig on a checkpoint (its config.json only), checked against `capacity` (default:
+    `device`'s memory): raises PlanDoesNotFit when it cannot fit."""
     cfg = ModelConfig.from_dir(model_dir)
-    dev = torch.device(device)
-    compute = compute_bytes
-    plan = memory_plan(cfg, world=world, fsdp=fsdp, compute_bytes=compute, master_bytes=8 if compute == 8 else 4,
-                       micro_batch_tokens=config.micro_batch_tokens,
+    plan = memory_plan(cfg, world=world, fsdp=fsdp, compute_bytes=compute_bytes,
+                       master_bytes=8 if compute_bytes == 8 else 4, micro_batch_tokens=config.micro_batch_tokens,
                        activation_checkpointing=config.activation_checkpointing, vocab_chunk=config.vocab_chunk,
-                       mxfp8_experts=config.mxfp8_experts, on_gpu=dev.type == "cuda")
-    plan.check(capacity_bytes(device))
+                       mxfp8_experts=config.mxfp8_experts, on_gpu=device.startswith("cuda"))
+    plan.check(capacity if capacity is not None else capacity_bytes(device))
     return plan

@@ -73,6 +73,8 @@ def tasks_for_batch(tasks: list[Task], k: int, n: int, seed: int) -> list[Task]:
 class Rollouts:
     """Worker threads running episodes; batches released by the staleness gate."""
 
+    error: BaseException | None = None  # set when what produces the episodes stopped (train/distributed)
+
     def __init__(self, tasks: list[Task], cfg: RLConfig, rollout: RolloutConfig, reward_fn, out: Path,
                  first_batch: int, version: int, spec_hash: str):
         self.tasks, self.cfg, self.rollout, self.reward_fn, self.out = tasks, cfg, rollout, reward_fn, out
@@ -116,17 +118,23 @@ class Rollouts:
                 continue
             ep = run_episode(task, g, self.rollout, self.reward_fn, keep_dir=self.out / "trajectories" / f"batch-{k}",
                              spec_hash=self.spec_hash, variation_key=f"{task.id}/{k}-{g}-{i}")  # as train/distributed/worker.py
-            with self.cond:
-                self.done.setdefault(k, []).append(ep)
-                if len(self.done[k]) == self.cfg.group_size * self.cfg.groups_per_step:
-                    self.finished_at[k] = time.monotonic()
-                self.cond.notify_all()
+            self._add(k, ep)
+
+    def _add(self, k: int, ep: Episode) -> None:
+        """A finished episode of batch k; the batch's last one stamps its end."""
+        with self.cond:
+            self.done.setdefault(k, []).append(ep)
+            if len(self.done[k]) == self.cfg.group_size * self.cfg.groups_per_step:
+                self.finished_at[k] = time.monotonic()
+            self.cond.notify_all()
 
     def batch(self, k: int) -> tuple[list[Episode], float]:
         """Batch k's episodes once all have finished, and its rollout wall time."""
         want = self.cfg.group_size * self.cfg.groups_per_step
         with self.cond:
             while len(self.done.get(k, [])) < want:
+                if self.error is not None:
+                    raise RuntimeError(f"the rollout driver stopped: {self.error!r}") from self.error
                 self.cond.wait(0.5)
             return self.done.pop(k), self.finished_at[k] - self.started[k]
 

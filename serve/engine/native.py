@@ -264,7 +264,8 @@ class NativeEngine(Engine):
             shard_files(folder)
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise WeightLoadError(f"{folder}: not a checkpoint this engine can load: {e}") from None
-        running = {k: v for k, v in asdict(self.model.cfg).items() if k != "torch_dtype"}  # we cast anyway
+        # the shape must match; the dtype is cast anyway, and stored experts (plain or MXFP8) load either way
+        running = {k: v for k, v in asdict(self.model.cfg).items() if k not in ("torch_dtype", "quantization_config")}
         if diff := config_mismatch(running, asdict(cfg)):
             raise WeightLoadError(f"{folder} does not fit the running model: {diff}")
 

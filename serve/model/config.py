@@ -12,6 +12,13 @@ from pathlib import Path
 from typing import Any
 
 SUPPORTED_ARCHITECTURES = {"Qwen3MoeForCausalLM"}
+# Qwen3-30B-A3B's config.json (the shape benchmarks and the memory plan's tests measure at; no weights)
+QWEN3_30B_A3B = dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=151936,
+                     hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_hidden_layers=48,
+                     num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
+                     num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+                     rms_norm_eps=1e-6, max_position_embeddings=40960, rope_theta=1000000.0,
+                     tie_word_embeddings=False, attention_bias=False, torch_dtype="bfloat16")
 SUPPORTED_ROPE = {"default", "linear", "yarn"}
 
 
@@ -40,6 +47,7 @@ class ModelConfig:
     attention_bias: bool = False
     rope: dict[str, Any] = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
     torch_dtype: str = "bfloat16"
+    quantization_config: dict[str, Any] | None = None  # as config.json has it (serve/model/ct_format.py reads it)
 
     def is_moe_layer(self, i: int) -> bool:
         return i not in self.mlp_only_layers and self.num_experts > 0 and (i + 1) % self.decoder_sparse_step == 0
@@ -69,4 +77,5 @@ class ModelConfig:
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             attention_bias=bool(raw.get("attention_bias", False)), rope=rope,
             torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "bfloat16"),
+            quantization_config=raw.get("quantization_config"),
         )

@@ -54,7 +54,7 @@ def load_model(path: str | Path, *, device: str | torch.device = "cpu", dtype: t
 
     path = Path(path)
     cfg = ModelConfig.from_dir(path)
-    qc = json.loads((path / "config.json").read_text()).get("quantization_config")
+    qc = cfg.quantization_config
     if not ct_format.is_ours(qc):
         raise UnsupportedModel(f"{path} is quantized as {ct_format.describe(qc)}; the native engine reads "
                                "unquantized checkpoints and MXFP8 experts (compressed-tensors mxfp8-quantized); "

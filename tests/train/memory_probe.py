@@ -21,44 +21,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-SHAPE = dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=32768, hidden_size=256,
-             num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2, head_dim=32, intermediate_size=512,
-             moe_intermediate_size=128, num_experts=64, num_experts_per_tok=8, norm_topk_prob=True,
-             rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False, torch_dtype="float32")
+from bench.train_step import REDUCED, make_samples, status_kib  # noqa: E402
+
+SHAPE = dict(REDUCED, num_hidden_layers=2)
 SEQS, LENGTH = 4, 512
 
 
-def _kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(field)
-
-
-def samples():
-    import torch
-
-    from train.samples import Sample
-
-    g = torch.Generator().manual_seed(0)
-    out = []
-    for i in range(SEQS):
-        ids = torch.randint(10, SHAPE["vocab_size"] - 10, (LENGTH,), generator=g).tolist()
-        s = Sample(episode=f"e{i}", segment=0, versions=[0], requests=1)
-        s.extend(ids[: LENGTH // 2], sampled=False)
-        s.extend(ids[LENGTH // 2:], sampled=True, logprobs=[-3.0] * (LENGTH - LENGTH // 2))
-        out.append(s)
-    return out
-
-
 def measure(trainer) -> int:
-    batch, adv = samples(), [1.0, -1.0] * (SEQS // 2)
+    batch, adv = make_samples(SHAPE["vocab_size"], SEQS, LENGTH), [1.0, -1.0] * (SEQS // 2)
     trainer.step(batch, adv)
     trainer.optimizer.zero_grad(set_to_none=True)
     Path("/proc/self/clear_refs").write_text("5")
-    base = _kib("VmRSS")
+    base = status_kib("VmRSS")
     trainer.step(batch, adv)
-    return (_kib("VmHWM") - base) * 1024
+    return (status_kib("VmHWM") - base) * 1024
 
 
 def _rank(rank: int, world: int, port: int, model: str, out: str) -> None:

@@ -196,3 +196,19 @@ def test_hf_engine_refuses_mxfp8_experts_and_names_the_export(trained):
 
     with pytest.raises(ValueError, match="composer-train export"):
         HFEngine(str(trained), dtype="float32", device="cpu")
+
+
+def test_a_server_on_mxfp8_experts_takes_plain_weights_of_the_same_shape(trained, tmp_path):
+    """Weight sync between checkpoints that store experts differently (a --no-mxfp8 run from an MXFP8 base):
+    the quantization_config differs, the shape does not, so the running engine accepts the folder."""
+    from serve.engine.native import EngineConfig, NativeEngine
+    from serve.engine.weights import WeightLoadError
+
+    plain = tmp_path / "plain"
+    assert train_main(["export", str(trained), "--out", str(plain), "--dtype", "fp32"]) == 0
+    engine = NativeEngine(str(trained), EngineConfig(dtype="float32", kv_cache_tokens=1024))
+    engine._check_fits(plain)
+    cfg = json.loads((plain / "config.json").read_text())
+    (plain / "config.json").write_text(json.dumps(cfg | {"num_hidden_layers": cfg["num_hidden_layers"] + 1}))
+    with pytest.raises(WeightLoadError, match="num_hidden_layers"):
+        engine._check_fits(plain)  # a shape change is still refused

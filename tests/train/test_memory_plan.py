@@ -11,16 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from serve.model.config import ModelConfig
+from serve.model.config import QWEN3_30B_A3B, ModelConfig
 from train.cli import main as train_main
 from train.memory_plan import GIB, PlanDoesNotFit, memory_plan, parameter_counts
 
 ROOT = Path(__file__).resolve().parents[2]
-QWEN3_30B_A3B = dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", vocab_size=151936,
-                     hidden_size=2048, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
-                     head_dim=128, intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
-                     num_experts_per_tok=8, norm_topk_prob=True, rms_norm_eps=1e-6, rope_theta=1000000.0,
-                     tie_word_embeddings=False, max_position_embeddings=40960, torch_dtype="bfloat16")
 
 
 @pytest.fixture

@@ -84,7 +84,6 @@ class DistributedRollouts(Rollouts):
         self.pending: deque[Job] = deque()
         for w in range(cfg.workers):
             self.backend.start(w)
-        self.error: BaseException | None = None
         self.threads = [
             threading.Thread(target=self._dispatch, args=(first_batch,), daemon=True, name="dispatch"),
             threading.Thread(target=self._schedule, daemon=True, name="schedule"),
@@ -171,22 +170,9 @@ class DistributedRollouts(Rollouts):
     def _record(self, k: int, key: str, ep: Episode) -> None:
         self.recorded.add(key)
         self.stats["masked"] += bool(ep.infra_error)
-        with self.cond:
-            self.done.setdefault(k, []).append(ep)
-            if len(self.done[k]) == self.cfg.group_size * self.cfg.groups_per_step:
-                self.finished_at[k] = time.monotonic()
-            self.cond.notify_all()
+        self._add(k, ep)
 
     # -- the trainer's side --------------------------------------------------------------------------------
-
-    def batch(self, k: int) -> tuple[list[Episode], float]:
-        want = self.cfg.group_size * self.cfg.groups_per_step
-        with self.cond:
-            while len(self.done.get(k, [])) < want:
-                if self.error is not None:
-                    raise RuntimeError(f"the rollout driver stopped: {self.error!r}") from self.error
-                self.cond.wait(0.5)
-            return self.done.pop(k), self.finished_at[k] - self.started[k]
 
     def close(self) -> None:
         super().close()
