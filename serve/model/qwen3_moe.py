@@ -24,8 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels import MXFP8Tensor, cpu_pack, moe_forward
-from kernels.moe import block_experts, blocked
 from kernels.lm_head import chunked_logprobs
+from kernels.moe import block_experts, blocked
 from kernels.moe_reference import acc_dtype
 from kernels.mxfp8_linear import QuantCache, fake_quantize_mxfp8, mxfp8_moe
 from serve.model import numerics

@@ -22,7 +22,6 @@ from kernels import MXFP8Tensor
 from serve.model import ct_format
 from serve.model.config import UnsupportedModel
 from serve.model.loader import load_model
-from train.checkpoint import save_policy
 from train.cli import main as train_main
 from train.trainer import Trainer, TrainerConfig
 
