@@ -181,6 +181,36 @@ def _recomputing():
         _RECOMPUTING[0] = False
 
 
+class _Call(nn.Module):
+    """fn(module) as a module's forward, so torch.func.functional_call can swap the module's tensors for it."""
+
+    def __init__(self, m: nn.Module):
+        super().__init__()
+        self.m = m
+
+    def forward(self, fn):
+        return fn(self.m)
+
+
+def _forward_dense_in_dtype(layer: DecoderLayer, x_BLD, cos_LC, sin_LC, routes_BLMK) -> torch.Tensor:
+    """layer.forward_dense with the layer's floating tensors in x's dtype (MXFP8 experts' masters excepted:
+    their forward quantizes them). What an activation-checkpointed layer runs: a trainer computing in bf16
+    swaps bf16 copies of the float32 masters in for its forward only (torch.func.functional_call), so the
+    backward's rerun finds the masters again and must cast them as the forward saw them, or it recomputes
+    a different graph (in float32: other tensors, another count; torch refuses it). In the forward itself
+    the tensors already have x's dtype and nothing is cast."""
+    dtype = x_BLD.dtype
+    moe = layer.mlp if isinstance(layer.mlp, SparseMoE) and layer.mlp.train_mxfp8 else None
+    keep = {id(moe.w13), id(moe.w2)} if moe is not None else set()
+    named = dict(layer.named_parameters())
+    cast = {f"m.{n}": p.to(dtype) for n, p in named.items()
+            if id(p) not in keep and p.is_floating_point() and p.dtype != dtype}
+    if not cast:
+        return layer.forward_dense(x_BLD, cos_LC, sin_LC, routes_BLMK)
+    return torch.func.functional_call(_Call(layer), cast, (lambda m: m.forward_dense(x_BLD, cos_LC, sin_LC, routes_BLMK),),
+                                      strict=False)
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, index: int):
         super().__init__()
@@ -295,7 +325,7 @@ class Qwen3MoeModel(nn.Module):
                 from torch.utils.checkpoint import checkpoint
 
                 x_BLD = checkpoint(
-                    layer.forward_dense, x_BLD, cos_LC, sin_LC, routes_BLMK, use_reentrant=False,
+                    _forward_dense_in_dtype, layer, x_BLD, cos_LC, sin_LC, routes_BLMK, use_reentrant=False,
                     context_fn=lambda: (contextlib.nullcontext(), _recomputing()))
             else:
                 x_BLD = layer.forward_dense(x_BLD, cos_LC, sin_LC, routes_BLMK)

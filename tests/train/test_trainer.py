@@ -226,10 +226,14 @@ def test_chunked_lm_head_trains_like_the_whole_vocabulary(tiny):
         assert (p.grad - grads[n]).abs().max() <= 1e-4 * grads[n].abs().max() + 1e-9, n
 
 
-def test_activation_checkpointing_gives_the_same_step(tiny):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_activation_checkpointing_gives_the_same_step(tiny, dtype):
+    """Also in bf16, where the forward runs on bf16 copies of the float32 masters that exist only during
+    the forward: the backward's recomputation must cast them again (it once recomputed in float32, which
+    torch refuses: a different number of saved tensors on a GPU, other dtypes on a CPU)."""
     samples, advs = fixed_samples(tiny), [1.0, -0.5, -0.5]
-    plain = Trainer(tiny, TrainerConfig(lr=1e-3, dtype="float32"))
-    ckpt = Trainer(tiny, TrainerConfig(lr=1e-3, dtype="float32", activation_checkpointing=True))
+    plain = Trainer(tiny, TrainerConfig(lr=1e-3, dtype=dtype))
+    ckpt = Trainer(tiny, TrainerConfig(lr=1e-3, dtype=dtype, activation_checkpointing=True))
     cfg, rng = plain.model.cfg, np.random.default_rng(0)
     for s in samples:  # routed experts to replay, so that the replay counters run
         s.routes = rng.integers(0, cfg.num_experts, (len(s.token_ids), len(plain.model.moe_layers()),
