@@ -13,7 +13,8 @@
     returns         [T, D]      in x's dtype: sum_k w[t,k] * w2[e] @ (silu(gate_e x_t) * up_e x_t)
 
 w13 and w2 are both plain tensors (bf16/fp32: the grouped torch reference runs, differentiable, for
-parity checks and bf16 baselines) or both `MXFP8Tensor` (data [E, N, Kred] float8_e4m3fn + scales
+parity checks and bf16 baselines; on a CUDA GPU that runs torch._grouped_mm in bf16 (sm_90+), serving
+takes moe_grouped.moe_grouped_forward instead: two grouped GEMMs, no host sync, CUDA-graph capturable) or both `MXFP8Tensor` (data [E, N, Kred] float8_e4m3fn + scales
 [E, N, Kred // 32] E8M0, from `MXFP8Tensor.quantize(w)`): the fused Triton kernels run on a GPU, or under
 the interpreter on the CPU when TRITON_INTERPRET=1; otherwise (CPU serving) the reference runs on the
 dequantized weights. The kernel path does not build an autograd graph; for training in the served
@@ -44,6 +45,7 @@ import torch
 
 from kernels.backend import Backend, use_triton
 from kernels.moe_reference import moe_all_experts, moe_grouped_cpu, moe_reference
+from kernels.moe_grouped import grouped_available, moe_grouped_forward
 from kernels.mxfp8 import MXFP8Tensor
 
 
@@ -122,6 +124,9 @@ def moe_forward(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: 
         if cost["all"] < cost["grouped"]:
             return moe_all_experts(x_TD, topk_ids_TK, topk_weights_TK, w13, w2, cpu_packed)
         return moe_grouped_cpu(x_TD, topk_ids_TK, topk_weights_TK, w13, w2, counts_E)
+    if x_TD.device.type == "cuda" and not torch.is_grad_enabled() and x_TD.dtype == w13.dtype \
+            and grouped_available(x_TD.dtype, x_TD.device):  # serving bf16 experts: grouped GEMMs, no sync
+        return moe_grouped_forward(x_TD, topk_ids_TK, topk_weights_TK, w13, w2, grouped=True)
     return moe_reference(x_TD, topk_ids_TK, topk_weights_TK, w13, w2)
 
 

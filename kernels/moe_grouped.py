@@ -103,6 +103,27 @@ def sort_pairs(topk_ids_TK: torch.Tensor, num_experts: int) -> tuple[torch.Tenso
     return order, order // topk_ids_TK.shape[1], offs
 
 
+def moe_grouped_forward(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor,
+                        w13: torch.Tensor, w2: torch.Tensor, grouped: bool | None = None) -> torch.Tensor:
+    """The MoE layer's forward on plain (bf16) expert weights as two grouped GEMMs over the pairs sorted by
+    expert: the serving path for unquantized experts on a GPU. The rounding points are moe_reference's
+    (each matmul in x's dtype, silu(gate) * up in x's dtype, the router-weighted sum in float32), and
+    nothing in it waits for the host or has a data-dependent shape, so a decode step through it can be
+    captured in a CUDA graph (the reference's per-expert loop cannot)."""
+    T, K = topk_ids_TK.shape
+    inter = w2.shape[2]
+    if grouped is None:
+        grouped = grouped_available(x_TD.dtype, x_TD.device)
+    acc = acc_dtype(x_TD.dtype)
+    order, tok_P, offs = sort_pairs(topk_ids_TK, w13.shape[0])
+    gate_up_P = grouped_mm(x_TD[tok_P], w13.transpose(1, 2), offs, grouped)
+    h_P = F.silu(gate_up_P[:, :inter]) * gate_up_P[:, inter:]
+    y_P = grouped_mm(h_P, w2.transpose(1, 2), offs, grouped)
+    weight_P = topk_weights_TK.reshape(-1)[order].to(acc)
+    out_TD = torch.zeros(T, x_TD.shape[1], dtype=acc, device=x_TD.device)
+    return out_TD.index_add_(0, tok_P, y_P.to(acc) * weight_P[:, None]).to(x_TD.dtype)
+
+
 def moe_backward(grad_TD: torch.Tensor, x_TD: torch.Tensor, topk_ids_TK: torch.Tensor,
                  topk_weights_TK: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
                  grouped: bool | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

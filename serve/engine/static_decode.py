@@ -19,8 +19,9 @@ the decoder a new model: the graphs of the old one are dropped and recaptured on
 
 Limits: steps that mix prefill with decode, sequences with a grammar (structured output masks rows on
 the host) and batches past max_num_seqs take the eager path (ModelRunner.run). Graphs need every kernel
-of the forward to be capturable: MXFP8 experts through the Triton kernels are; plain (bf16) experts on
-a GPU run torch's grouped reference, which synchronises, so with those the step runs without capture.
+of the forward to be capturable: MXFP8 experts through the Triton kernels are, and so are plain bf16
+experts through torch's grouped GEMM on sm_90+ (kernels/moe_grouped.py); plain experts elsewhere run
+torch's grouped reference, which synchronises, so with those the step runs without capture.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import numpy as np
 import torch
 
 from kernels import MXFP8Tensor
+from kernels.moe_grouped import grouped_available
 from serve.engine.sampling import (
     GREEDY_BELOW,
     TOP_LOGPROBS_MAX,
@@ -103,10 +105,11 @@ class StaticDecoder:
         prepare_for_decode(model)
         self.graphs.clear()
         self._pool = None
-        self.capturable = self.graphs_wanted and all(isinstance(m.w13, MXFP8Tensor) for m in model.moe_layers())
+        self.capturable = self.graphs_wanted and all(
+            isinstance(m.w13, MXFP8Tensor) or grouped_available(m.w13.dtype, m.w13.device) for m in model.moe_layers())
         if self.graphs_wanted and not self.capturable:
-            log.info("decode steps run without CUDA graphs: plain expert weights run torch's grouped reference, "
-                     "which synchronises (serve MXFP8 experts for graphs)")
+            log.info("decode steps run without CUDA graphs: plain expert weights in this dtype on this GPU run "
+                     "torch's grouped reference, which synchronises (serve MXFP8 or bf16 experts on sm_90+ for graphs)")
 
     def describe(self) -> str:
         if self.capturable:
