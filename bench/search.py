@@ -123,7 +123,7 @@ def cmd_quality(args) -> None:
     grids = {
         "rrf": [Weights("rrf", wd, 1.0, k=k) for wd in (0.5, 0.75, 1.0, 1.25, 1.5, 2.0) for k in (2, 5, 10, 20, 60)],
         "sum": [Weights("sum", a, round(1 - a, 2)) for a in (0.3, 0.4, 0.5, 0.6, 0.65, 0.7, 0.75, 0.8, 0.9)],
-        "abs": [Weights("abs", a, round(1 - a, 2), power=p) for a in (0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+        "abs": [Weights("abs", a, round(1 - a, 2), power=p) for a in (0.4, 0.5, 0.6, 0.65, 0.7, 0.8, 0.9)
                 for p in (0.5, 1, 2, 4, 6)],
     }
     tuned = {m: max(g, key=lambda w: evaluate(dev, w)["MRR@10"]) for m, g in grids.items()}

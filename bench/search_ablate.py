@@ -25,6 +25,9 @@ Variants (what the embedder reads for each chunk of a definition or of code betw
                      own chunk, whole-line comments, the name line)
     f5 dotted name words, f5 + file stem: the name line from every part of the dotted symbol, or
                      with the file's stem as words too
+    f5 + context words: format 5 with a second line of the enclosing definitions' names and the
+                     file's stem as words, each once; f5 + enclosing or stem: the enclosing names only,
+                     or the file's stem for a top-level definition
 The naive dense list (one unit per function, whole text without comments) is printed alongside.
 """
 
@@ -143,6 +146,24 @@ def _body(it: Item) -> str:
     return it.code.split("\n", 1)[-1] if _name_words(it.symbol) else it.code
 
 
+def _context_words(it: Item) -> str:
+    """The enclosing definitions' names and the file's stem as words, each once (`LocalDateTime.java`,
+    `LocalDateTime.minusSeconds` -> "local date time")."""
+    parts = [_name_words(p) for p in it.symbol.split(".")[:-1]]
+    parts.append(_name_words(it.path.rsplit("/", 1)[-1].split(".")[0]))
+    seen: list[str] = []
+    for p in parts:
+        if p and p not in seen:
+            seen.append(p)
+    return " ".join(seen)
+
+
+def _enclosing_or_stem(it: Item) -> str:
+    """The enclosing definitions' names as words, or for a top-level definition the file's stem."""
+    outer = [w for w in (_name_words(p) for p in it.symbol.split(".")[:-1]) if w]
+    return " ".join(outer) if outer else _name_words(it.path.rsplit("/", 1)[-1].split(".")[0])
+
+
 def _join(*parts: str) -> str:
     return "\n".join(p for p in parts if p)
 
@@ -169,6 +190,8 @@ VARIANTS: dict[str, tuple[Callable[[list[Item]], list[Item]], Callable[[Item], s
                                                         _body(it)), 256),
     "f5 + file stem": (format5, lambda it: _join(_name_words(it.symbol), _name_words(
         it.path.rsplit("/", 1)[-1].split(".")[0]), _body(it)), 256),
+    "f5 + context words": (format5, lambda it: _join(_name_words(it.symbol), _context_words(it), _body(it)), 256),
+    "f5 + enclosing or stem": (format5, lambda it: _join(_name_words(it.symbol), _enclosing_or_stem(it), _body(it)), 256),
     "f5 no name words": (format5, lambda it: it.code.split("\n", 1)[-1] if _name_words(it.symbol) else it.code, 256),
 }
 

@@ -9,8 +9,10 @@ the repository:
     javascript  express, commander, moment's `src/lib`, lodash's per-function modules (npm)
     typescript  rxjs `src/internal`, zod `src/v4/core` (npm)
     rust        regex-syntax, itertools, clap (Debian `librust-*-dev`, crate sources)
+    jdk         OpenJDK 17 `java.{time,math,net,text,nio.file,util.concurrent}`: a larger standard-library
+                set of its own (not one of the six languages' tables), none of `java`'s packages
 
-Each is then cut to MAX_LINES lines of whole files. Versions are pinned where the registry keeps old ones (npm); Debian's stable suite changes them only
+Each is then cut to MAX_LINES lines of whole files (jdk: JDK_LINES). Versions are pinned where the registry keeps old ones (npm); Debian's stable suite changes them only
 for security fixes. `python bench/search_corpora.py` fetches everything and prints what it has.
 """
 
@@ -44,6 +46,8 @@ JAVA_DIRS = (
     "java.base/java/util/jar/",
     "java.base/java/util/stream/",
 )
+JDK_DIRS = tuple(f"java.base/java/{d}/" for d in ("time", "math", "net", "text", "nio/file", "util/concurrent"))
+JDK_LINES = 40_000
 C_LINES = 40_000
 # Every corpus is cut to about this many lines (whole files, in a fixed pseudo-random order): big
 # enough to hold hundreds of functions, small enough to embed twice (ours, naive) on 2 CPU cores.
@@ -55,7 +59,9 @@ EXTENSIONS = {
     "typescript": (".ts",),
     "rust": (".rs",),
 }
-LANGUAGES = tuple(EXTENSIONS)
+LANGUAGES = tuple(EXTENSIONS)  # the six-language tables (with Python)
+EXTENSIONS["jdk"] = (".java",)
+CAPS = {"jdk": JDK_LINES}
 
 
 def corpus_dir(lang: str) -> Path:
@@ -70,7 +76,7 @@ def corpus_dir(lang: str) -> Path:
         tmp.mkdir(parents=True)
         FETCH[lang](tmp)
         _prune(tmp, EXTENSIONS[lang])
-        _cap(tmp, MAX_LINES)
+        _cap(tmp, CAPS.get(lang, MAX_LINES))
         (tmp / ".complete").write_text("ok\n")
         tmp.rename(root)
     return root
@@ -158,12 +164,12 @@ def _fetch_rust(dst: Path) -> None:
         shutil.rmtree(tmp)
 
 
-def _fetch_java(dst: Path) -> None:
+def _fetch_java(dst: Path, dirs: tuple[str, ...] = JAVA_DIRS) -> None:
     tmp = dst / ".x"
     subprocess.run(["dpkg", "-x", str(_deb("openjdk-17-source")), str(tmp)], check=True)
     with zipfile.ZipFile(next(tmp.rglob("src.zip"))) as z:
         for name in z.namelist():
-            if name.startswith(JAVA_DIRS) and name.endswith(".java"):
+            if name.startswith(dirs) and name.endswith(".java"):
                 out = dst / name.removeprefix("java.base/")
                 out.parent.mkdir(parents=True, exist_ok=True)
                 out.write_bytes(z.read(name))
@@ -201,6 +207,7 @@ FETCH = {
     "javascript": lambda d: _fetch_npm("javascript", d),
     "typescript": lambda d: _fetch_npm("typescript", d),
     "rust": _fetch_rust,
+    "jdk": lambda d: _fetch_java(d, JDK_DIRS),
 }
 
 

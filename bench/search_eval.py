@@ -32,6 +32,7 @@ from index.languages import ATTRIBUTES, WRAPPERS, definition, language_for, pars
 
 SAMPLE_SHARE = 0.4
 SAMPLE_MAX = 40
+SAMPLE_MAX_BY_LANG = {"jdk": 400}  # the standard-library set: enough queries for a figure per half
 PYTHON_DIRS = ("email", "json", "http", "logging", "urllib", "xml/dom", "importlib")
 PYTHON_MAX_LINES = 6_000
 FUNCTION_KINDS = {
@@ -209,7 +210,11 @@ def first_sentence(doc: str) -> str:
 
 
 def build(lang: str, work: Path) -> tuple[Path, list[Query], list[Unit]]:
-    """The corpus copy with the sampled docs blanked, its queries, and the naive baseline's units."""
+    """The corpus copy with the sampled docs blanked, its queries, and the naive baseline's units.
+    `LANG-doc` (e.g. `jdk-doc`): LANG's corpus and answers, each query the doc's whole description
+    (markup removed, tags cut) instead of its first sentence."""
+    if lang.endswith("-doc"):
+        return _whole_doc_queries(lang, work)
     src = source_root(lang)
     dst = work / "corpus"
     qfile = work / "queries.jsonl"
@@ -247,7 +252,7 @@ def build(lang: str, work: Path) -> tuple[Path, list[Query], list[Unit]]:
     counts = Counter(q.lower() for q, _, _ in candidates)
     unique = [c for c in candidates if counts[c[0].lower()] == 1]
     rng = random.Random(zlib.crc32(lang.encode()))
-    n = min(SAMPLE_MAX, max(1, round(SAMPLE_SHARE * len(unique))))
+    n = min(SAMPLE_MAX_BY_LANG.get(lang, SAMPLE_MAX), max(1, round(SAMPLE_SHARE * len(unique))))
     chosen = rng.sample(unique, min(n, len(unique)))
     blank: dict[str, set[int]] = {}
     queries = []
@@ -272,6 +277,19 @@ def build(lang: str, work: Path) -> tuple[Path, list[Query], list[Unit]]:
     qfile.write_text("".join(json.dumps(asdict(q)) + "\n" for q in queries))
     ufile.write_text("".join(json.dumps(asdict(u)) + "\n" for u in units))
     return dst, queries, units
+
+
+def _whole_doc_queries(lang: str, work: Path) -> tuple[Path, list[Query], list[Unit]]:
+    base = lang.removesuffix("-doc")
+    root, queries, units = build(base, work.with_name(base))
+    src = source_root(base)
+    out = []
+    for q in queries:
+        f = next(f for f in functions(q.path, (src / q.path).read_text(encoding="utf-8"))
+                 if f.name == q.name and f.end + 1 == q.end_line)
+        doc = re.sub(r"<[^>]+>", "", _TAG.sub(r"\1", f.doc))
+        out.append(Query(lang, _KERNEL_NAME.sub("", doc).strip(), q.path, q.start_line, q.end_line, q.name))
+    return root, out, units
 
 
 def _without_comments(rel: str, text: str, f: _Func, tree) -> str:
