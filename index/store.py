@@ -27,8 +27,9 @@ from pathlib import Path
 
 # Bump when the chunker, the embedded text or the layout changes: an older index is then rebuilt.
 # 4: one vector per definition (its whole code), none for later slices or the code between
-# definitions; chunks and BM25 rows as in 3. 5: the definition's name as words before its code.
-FORMAT = "composer-index-5"
+# definitions; chunks and BM25 rows as in 3. 5: the definition's name as words before its code. 6: and
+# a line naming where it lives (the enclosing definitions, or the file's stem).
+FORMAT = "composer-index-6"
 DB_NAME = "meta.sqlite"
 
 SCHEMA = """

@@ -101,14 +101,26 @@ def name_words(symbol: str) -> str:
     return " ".join(_NAME_PART.findall(symbol.rsplit(".", 1)[-1])).lower()
 
 
-def dense_texts(chunks: list[Chunk], *, parsed: bool = True) -> list[str | None]:
+def context_words(symbol: str, path: str) -> str:
+    """Where a definition lives, as words: the names of the definitions around it
+    (`ScheduledThreadPoolExecutor.DelayedWorkQueue.take` -> "scheduled thread pool executor delayed
+    work queue"), or for a top-level definition its file's stem (`json/decoder.py` -> "decoder")."""
+    outer = [w for w in (" ".join(_NAME_PART.findall(p)).lower() for p in symbol.split(".")[:-1]) if w]
+    if outer:
+        return " ".join(outer)
+    stem = path.rsplit("/", 1)[-1].split(".", 1)[0]
+    return " ".join(_NAME_PART.findall(stem)).lower()
+
+
+def dense_texts(chunks: list[Chunk], *, parsed: bool = True, path: str = "") -> list[str | None]:
     """What the embedder sees for each chunk of one file; None for a chunk that gets no vector.
 
     One vector per definition, on its first chunk: the definition's own name as words
-    (`Compat32.header_fetch_parse` -> "header fetch parse"), then its whole code without its doc, which
-    the model reads up to its limit, as a whole-function embedding does; no path, dotted symbol or
-    enclosing signatures (the name as words: +2.2 MRR@10 on the development half, where the
-    `path | symbol` header cost 4.4). The later slices of a long definition and, in a file
+    (`Compat32.header_fetch_parse` -> "header fetch parse"), a line of where it lives (`context_words`:
+    "compat32"; format 6), then its whole code without its doc, which the model reads up to its limit,
+    as a whole-function embedding does; no path, dotted symbol or enclosing signatures (the name as
+    words: +2.2 MRR@10 on the development half, where the `path | symbol` header cost 4.4; the
+    context line: +7 on the JDK set's, +3.4 on the Python stdlib set's dense list). The later slices of a long definition and, in a file
     that has definitions, the code between them (imports, constants, top-level statements) get no
     vector: BM25 still finds them. Each of the three was measured to cost the dense list on the
     bench's development half (`python bench/search.py ablate`): the header 4.4 MRR@10 points, the
@@ -125,7 +137,8 @@ def dense_texts(chunks: list[Chunk], *, parsed: bool = True) -> list[str | None]
         elif c.unit not in first:
             first[c.unit] = i
             name = name_words(c.symbol)
-            out.append(f"{name}\n{c.code}" if name and c.code.strip() else c.code)
+            head = "\n".join(x for x in (name, context_words(c.symbol, path)) if x)
+            out.append(f"{head}\n{c.code}" if head and c.code.strip() else c.code)
         else:
             j = first[c.unit]
             if len(out[j] or "") < DENSE_MAX_CHARS:
@@ -293,7 +306,7 @@ class Syncer:
             getattr(self.report, ch.kind).append(r.path)
             lang = language_for(r.path) or "text"
             parsed = lang != "text" and parser_for(lang) is not None
-            for c, dtext in zip(ch.chunks, dense_texts(ch.chunks, parsed=parsed), strict=True):
+            for c, dtext in zip(ch.chunks, dense_texts(ch.chunks, parsed=parsed, path=r.path), strict=True):
                 ltext = lexical_text(r.path, c.symbol, c.code, c.context)
                 # The hash names the vector's text; a chunk without one never matches a chunk with one.
                 th = content_hash((dtext if dtext is not None else "\0" + ltext).encode(

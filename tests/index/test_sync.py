@@ -253,22 +253,22 @@ def test_a_time_budget_commits_whole_batches_and_the_next_sync_continues(tmp_pat
 
 
 def test_a_long_definition_has_one_vector_of_its_whole_code(indexed_repo: Path, embedder):
-    """Format 5: the vector of a definition cut into several chunks is its name as words and its
-    whole code (no doc, no path or symbol header), stored on its first chunk; its later slices have
-    none."""
+    """Format 6: the vector of a definition cut into several chunks is its name as words, where it
+    lives, and its whole code (no doc, no path or symbol header), stored on its first chunk; its later
+    slices have none."""
     from index.sync import chunk_for, dense_texts
 
     ix = CodeIndex(indexed_repo, embedder=embedder)
     consistent(ix)
     chunks = chunk_for("textwrap.py", (indexed_repo / "textwrap.py").read_text(), embedder)
-    texts = dense_texts(chunks)
+    texts = dense_texts(chunks, path="textwrap.py")
     units = [c.unit for c in chunks]
     long_unit = max((u for u in set(units) if u), key=units.count)
     slices = [i for i, c in enumerate(chunks) if c.unit == long_unit]
     assert len(slices) >= 2 and texts[slices[0]] and all(texts[i] is None for i in slices[1:])
     whole = texts[slices[0]]
     assert chunks[slices[-1]].code.strip().split("\n")[-1] in whole  # the last slice's code too
-    assert "textwrap.py" not in whole and '"""' not in whole.split("\n", 2)[1]  # no header, no doc
+    assert "textwrap.py" not in whole and '"""' not in whole.split("\n", 3)[2]  # no header, no doc
     (cid,) = [r[0] for r in ix._con.execute(
         "SELECT id FROM chunks WHERE path = 'textwrap.py' AND start_line = ?", (chunks[slices[0]].start_line,))]
     stored = ix._current().vectors.reconstruct(cid)
@@ -278,16 +278,16 @@ def test_a_long_definition_has_one_vector_of_its_whole_code(indexed_repo: Path, 
 
 def test_an_index_of_an_older_format_rebuilds_itself(indexed_repo: Path, embedder):
     ix = CodeIndex(indexed_repo, embedder=embedder)
-    assert ix.info()["format"] == store.FORMAT == "composer-index-5"
+    assert ix.info()["format"] == store.FORMAT == "composer-index-6"
     n = ix.chunk_count()
-    # What a format 3 index looks like to this code: the same tables, another format name.
-    ix._con.execute("UPDATE info SET value = 'composer-index-3' WHERE key = 'format'")
+    # What a format 5 index looks like to this code: the same tables, another format name.
+    ix._con.execute("UPDATE info SET value = 'composer-index-5' WHERE key = 'format'")
     ix.close()
     ix = CodeIndex(indexed_repo, embedder=embedder)
     assert ix.search("wrap a paragraph of text", 3) == []  # nothing of the old format is read
     r = ix.sync()
     assert r.rebuilt == "index format changed" and r.chunks == n
-    assert ix.info()["format"] == "composer-index-5"
+    assert ix.info()["format"] == "composer-index-6"
     assert top_paths(ix, "wrap a paragraph of text to a fixed line width", 1) == ["textwrap.py"]
     consistent(ix)
     ix.close()
