@@ -120,8 +120,20 @@ def _cases() -> list[tuple[str, Callable[[], None]]]:
                                                      torch.zeros(slots, G, C, dtype=bf16), tables,
                                                      torch.ones(B, dtype=torch.int32), bs, C**-0.5, num_splits=splits)
 
+    # tests/kernels/test_moe.py's "few-tokens" shape: D and I not powers of two (tile widths must be)
+    sd, si = 96, 32
+    s13 = MXFP8Tensor(torch.zeros(E, 2 * si, sd, dtype=torch.float8_e4m3fn),
+                      torch.zeros(E, 2 * si, sd // 32, dtype=torch.uint8).view(torch.float8_e8m0fnu))
+    s2 = MXFP8Tensor(torch.zeros(E, sd, si, dtype=torch.float8_e4m3fn),
+                     torch.zeros(E, sd, si // 32, dtype=torch.uint8).view(torch.float8_e8m0fnu))
     T = 8
     return [
+        ("moe decode, D 96 and I 32", lambda: fused_moe_mxfp8_decode(
+            torch.zeros(7, sd, dtype=bf16), torch.stack([torch.randperm(E)[:2] for _ in range(7)]),
+            torch.ones(7, 2, dtype=bf16), s13, s2)),
+        ("moe grouped, D 96 and I 32", lambda: fused_moe_mxfp8(
+            torch.zeros(40, sd, dtype=bf16), torch.stack([torch.randperm(E)[:2] for _ in range(40)]),
+            torch.ones(40, 2, dtype=bf16), s13, s2, mma="dequant", autotune=False)),
         ("add_rms_norm", lambda: add_rms_norm_triton(torch.zeros(T, D, dtype=bf16), torch.zeros(T, D, dtype=bf16),
                                                      torch.ones(D, dtype=bf16), 1e-6)),
         ("qk_norm_rope_cache", lambda: qk_norm_rope_cache_triton(

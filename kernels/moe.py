@@ -44,8 +44,8 @@ from types import ModuleType
 import torch
 
 from kernels.backend import Backend, use_triton
-from kernels.moe_reference import moe_all_experts, moe_grouped_cpu, moe_reference
 from kernels.moe_grouped import grouped_available, moe_grouped_forward
+from kernels.moe_reference import moe_all_experts, moe_grouped_cpu, moe_reference
 from kernels.mxfp8 import MXFP8Tensor
 
 

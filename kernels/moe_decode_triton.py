@@ -126,18 +126,21 @@ def fused_moe_mxfp8_decode(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_w
     block_t = max(16, triton.next_power_of_2(T))
     block_kk = triton.next_power_of_2(K)
     (gn, gk, gw, gs), (dn, dk, dw, ds) = decode_tiles(interp)
+    # a tile's width must be a power of two for the compiler (the loads mask what lies past D or I; the
+    # interpreter accepts any width, so a D of 96 failed only on a GPU)
+    gk, dk = min(gk, triton.next_power_of_2(D)), min(dk, triton.next_power_of_2(inter))
     with launch("moe_decode_gate_up"):
         _gate_up_kernel[(T * K, triton.cdiv(inter, gn))](
             x_TD, ids_TK, w13_data, w13_scales, h_PI, T, D, inter,
             x_TD.stride(0), ids_TK.stride(0), w13_data.stride(0), w13_data.stride(1), w13_scales.stride(0),
             w13_scales.stride(1), h_PI.stride(0),
-            TOP_K=K, BLOCK_T=block_t, BLOCK_KK=block_kk, BLOCK_N=gn, BLOCK_K=min(gk, D), F32_DOT=interp,
+            TOP_K=K, BLOCK_T=block_t, BLOCK_KK=block_kk, BLOCK_N=gn, BLOCK_K=gk, F32_DOT=interp,
             num_warps=gw, num_stages=gs)
     with launch("moe_decode_down"):
         _down_kernel[(T * K, triton.cdiv(D, dn))](
             h_PI, ids_TK, weights_TK, w2_data, w2_scales, out_PD, T, D, inter,
             h_PI.stride(0), ids_TK.stride(0), weights_TK.stride(0), w2_data.stride(0), w2_data.stride(1),
             w2_scales.stride(0), w2_scales.stride(1), out_PD.stride(0),
-            TOP_K=K, BLOCK_T=block_t, BLOCK_KK=block_kk, BLOCK_N=dn, BLOCK_K=min(dk, inter), F32_DOT=interp,
+            TOP_K=K, BLOCK_T=block_t, BLOCK_KK=block_kk, BLOCK_N=dn, BLOCK_K=dk, F32_DOT=interp,
             num_warps=dw, num_stages=ds)
     return out_PD.view(T, K, D).sum(dim=1).to(x_TD.dtype)
