@@ -1,7 +1,7 @@
 """composer-serve and the trainer on one GPU in one run: parity, decode speed, transformers, per-step
 overheads, kernels, a training step.
 
-    python bench/gpu.py                                 # all sections (GPU: budgeted to ~6 minutes on an H100/H200)
+    python bench/gpu.py                                 # all sections (GPU: budgeted to ~8 minutes; 3-4 on an H200)
     python bench/gpu.py --sections decode,profile --layers 24 --out /tmp/gpu
     python bench/gpu.py --quick                         # fewer batches and tokens
 
@@ -28,6 +28,8 @@ the rest; budgets are checked between measurements):
   trained, micro-batches of 4,096 (bench/train_step.py): seconds, tokens/s, MFU of a measured bf16 matmul
   rate, peak memory against the memory plan, forward/backward/optimizer split; with and without
   activation checkpointing.
+- tests: pytest on the test files whose GPU paths only a GPU runs (GPU_TEST_FILES: the Triton kernels on the
+  device, CUDA-only tests), in a child process: counts, and each failure's id and error line.
 
 Without CUDA every section runs a REDUCED shape (2 layers, hidden 128, 8 experts top-2, vocabulary 1024,
 batches 1 and 4, a 256-token prefill, a small kernel table) in well under a minute on 2 cores: a check that
@@ -71,13 +73,22 @@ from serve.engine.native import EngineConfig, NativeEngine  # noqa: E402
 from serve.engine.parity import forced_logits  # noqa: E402
 from serve.model.config import QWEN3_30B_A3B  # noqa: E402
 
-SECTIONS = ("parity", "decode", "hf", "profile", "kernels", "train")
+SECTIONS = ("parity", "decode", "hf", "profile", "kernels", "train", "tests")
 REDUCED = dict(vocab_size=1024, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
                num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=2)
 # Seconds per section on a GPU; the decode section's includes the profile (they share the engines).
-# Sized from the probe that measured the first GPU figures (one H200): 6 minutes in all.
-GPU_BUDGETS = {"parity": 50, "decode-mxfp8": 125, "decode-none": 70, "hf": 50, "kernels": 45, "train": 60}
-CPU_BUDGETS = {"parity": 30, "decode-mxfp8": 50, "decode-none": 20, "hf": 15, "kernels": 15, "train": 30}
+# Sized from the probe that measured the first GPU figures (one H200); the whole run took 143 s there
+# on 2026-11-27 before the tests section.
+GPU_BUDGETS = {"parity": 50, "decode-mxfp8": 125, "decode-none": 70, "hf": 50, "kernels": 45, "train": 60,
+               "tests": 100}
+CPU_BUDGETS = {"parity": 30, "decode-mxfp8": 50, "decode-none": 20, "hf": 15, "kernels": 15, "train": 30,
+               "tests": 60}
+# The test files whose GPU paths only a GPU runs (CUDA-only tests, the Triton kernels compiled for the device);
+# on a CPU the section runs the first alone, to check that the section works.
+GPU_TEST_FILES = ("tests/kernels/test_backend.py", "tests/kernels/test_moe.py", "tests/kernels/test_mxfp8.py",
+                  "tests/kernels/test_mxfp8_linear.py", "tests/kernels/test_moe_align.py",
+                  "tests/kernels/test_moe_grouped.py", "tests/kernels/test_fused.py",
+                  "tests/kernels/test_paged_attention_triton.py", "tests/serve/test_static_decode.py")
 WARM_STEPS = 2  # decode steps dropped at each batch: first replays, allocator growth
 
 
@@ -874,6 +885,47 @@ def section_train(plan: Plan, report: Report, deadline: float) -> None:
         free_memory()
 
 
+def section_tests(plan: Plan, report: Report, deadline: float) -> None:
+    """pytest on GPU_TEST_FILES in a child process (a crash in one test cannot end the benchmark), within
+    the section's budget: passed/failed/skipped counts and each failure's test id and last error line."""
+    import re
+    import subprocess
+
+    sec = report.section("tests")
+    files = list(GPU_TEST_FILES if CUDA else GPU_TEST_FILES[:1])
+    limit = max(10.0, min(plan.budgets["tests"], deadline - time.perf_counter()))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} if CUDA else dict(os.environ)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "-rfE", "--tb=line",
+           *files]
+    if importlib.util.find_spec("pytest_timeout") is not None:
+        cmd += ["--timeout", "60"]
+    try:
+        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=limit)
+        out, rc = done.stdout + done.stderr, done.returncode
+    except subprocess.TimeoutExpired as e:
+        out, rc = ((e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")), None
+        sec["skipped"].append(f"pytest ran past the section's {limit:.0f} s: counts are of the tests that finished")
+    summary = [line for line in out.splitlines()
+               if re.search(r"\b(passed|failed|skipped|errors?)\b.* in [\d.]+s", line)]
+    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|errors?)\b", summary[-1])} \
+        if summary else {}
+    failures = re.findall(r"^(?:FAILED|ERROR) (\S+)(?: - (.*))?$", out, flags=re.M)
+    row = {"kind": "pytest", "files": files, "returncode": rc, "passed": counts.get("passed", 0),
+           "failed": counts.get("failed", 0), "skipped": counts.get("skipped", 0),
+           "errors": counts.get("error", 0) + counts.get("errors", 0),
+           "failures": [{"test": t, "error": (m or "")[:300]} for t, m in failures], "tail": out[-2000:]}
+    if rc is not None and rc < 0:
+        row["crashed"] = f"pytest died of signal {-rc}"
+    sec["rows"].append(row)
+    log(f"tests: {row['passed']} passed, {row['failed']} failed, {row['skipped']} skipped, {row['errors']} errors"
+        + (f"; {row['crashed']}" if "crashed" in row else "") + (f"; rc {rc}" if rc not in (0, None) else ""))
+    for f in row["failures"]:
+        log(f"  FAILED {f['test']}: {f['error'][:200]}")
+    if rc != 0:
+        sec["errors"].append(f"pytest rc {rc}: {row['failed']} failed, {row['errors']} errors"
+                             + (f" ({row['crashed']})" if "crashed" in row else ""))
+
+
 def versions() -> dict:
     out = {"python": platform.python_version(), "torch": torch.__version__}
     for name in ("triton", "transformers"):
@@ -965,6 +1017,8 @@ def main(argv: list[str] | None = None) -> int:
         run("kernels", lambda: section_kernels(plan, report, deadline))
     if "train" in sections:
         run("train", lambda: section_train(plan, report, deadline))
+    if "tests" in sections:
+        run("tests", lambda: section_tests(plan, report, deadline))
 
     print("\n## summary", flush=True)
     for name, sec in report.data["sections"].items():

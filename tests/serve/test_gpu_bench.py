@@ -33,7 +33,7 @@ def test_every_section_runs(run):
     assert "REDUCED CPU SHAPE" in done.stdout and "wrote " in done.stdout
     assert data["meta"]["reduced_cpu_shape"] and data["meta"]["versions"]["torch"]
     sections = data["sections"]
-    assert set(sections) == {"parity", "decode", "hf", "profile", "kernels", "train"}
+    assert set(sections) == {"parity", "decode", "hf", "profile", "kernels", "train", "tests"}
     for name, sec in sections.items():
         assert sec["status"] == "ok" and not sec["errors"] and sec["rows"], (name, sec)
 
@@ -85,6 +85,12 @@ def test_train_figures(run):
         assert r["step_s"] > 0 and 0 < r["mfu"] < 1 and r["tokens_per_s"] > 0 and r["peak_bytes"] > 0
         assert r["plan_bytes"] > 0 and all(s["quantizations"] == 2 for s in r["steps"])  # 2 MoE layers, once each
         assert set(r["steps"][-1]["phases_s"]) == {"forward", "backward", "optimizer"}
+
+
+def test_the_gpu_tests_section_reports_counts(run):
+    (row,) = run[1]["sections"]["tests"]["rows"]
+    assert row["returncode"] == 0 and row["passed"] > 0 and row["failed"] == 0 and not row["failures"]
+    assert row["files"] == ["tests/kernels/test_backend.py"]  # on a CPU: the first file, to check the section
 
 
 def test_unknown_sections_are_refused():
