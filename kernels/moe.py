@@ -13,11 +13,11 @@
     returns         [T, D]      in x's dtype: sum_k w[t,k] * w2[e] @ (silu(gate_e x_t) * up_e x_t)
 
 w13 and w2 are both plain tensors (bf16/fp32: the grouped torch reference runs, differentiable, for
-parity checks and bf16 baselines; on a CUDA GPU that runs torch._grouped_mm in bf16 (sm_90+), serving
-takes moe_grouped.moe_grouped_forward instead: two grouped GEMMs, no host sync, CUDA-graph capturable) or both `MXFP8Tensor` (data [E, N, Kred] float8_e4m3fn + scales
-[E, N, Kred // 32] E8M0, from `MXFP8Tensor.quantize(w)`): the fused Triton kernels run on a GPU, or under
-the interpreter on the CPU when TRITON_INTERPRET=1; otherwise (CPU serving) the reference runs on the
-dequantized weights. The kernel path does not build an autograd graph; for training in the served
+parity checks and bf16 baselines; serving bf16 on an sm_90+ GPU takes moe_grouped.moe_grouped_forward
+instead: two grouped GEMMs, no host sync, CUDA-graph capturable) or both `MXFP8Tensor` (data [E, N,
+Kred] float8_e4m3fn + scales [E, N, Kred // 32] E8M0, from `MXFP8Tensor.quantize(w)`): the fused Triton
+kernels run on a GPU, or under the interpreter on the CPU when TRITON_INTERPRET=1; otherwise (CPU
+serving) the reference runs on the dequantized weights. The kernel path does not build an autograd graph; for training in the served
 precision use `kernels.mxfp8_linear.mxfp8_moe` (same forward, gradients to master weights).
 
 `backend` forces "triton" or "torch"; `mma` picks the kernel's matrix multiply ("dequant" for sm_90,

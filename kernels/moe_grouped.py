@@ -103,6 +103,21 @@ def sort_pairs(topk_ids_TK: torch.Tensor, num_experts: int) -> tuple[torch.Tenso
     return order, order // topk_ids_TK.shape[1], offs
 
 
+def _experts_on_pairs(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                      grouped: bool) -> tuple[torch.Tensor, ...]:
+    """The experts on the (token, slot) pairs sorted by expert: (order, tok_P, offs, x_P, gate_P, up_P,
+    silu_P, h_P, y_P), each matmul in x's dtype and silu(gate) * up in x's dtype, as moe_reference."""
+    inter = w2.shape[2]
+    order, tok_P, offs = sort_pairs(topk_ids_TK, w13.shape[0])
+    x_P = x_TD[tok_P]
+    gate_up_P = grouped_mm(x_P, w13.transpose(1, 2), offs, grouped)
+    gate_P, up_P = gate_up_P[:, :inter], gate_up_P[:, inter:]
+    silu_P = F.silu(gate_P)
+    h_P = silu_P * up_P
+    y_P = grouped_mm(h_P, w2.transpose(1, 2), offs, grouped)
+    return order, tok_P, offs, x_P, gate_P, up_P, silu_P, h_P, y_P
+
+
 def moe_grouped_forward(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor,
                         w13: torch.Tensor, w2: torch.Tensor, grouped: bool | None = None) -> torch.Tensor:
     """The MoE layer's forward on plain (bf16) expert weights as two grouped GEMMs over the pairs sorted by
@@ -110,17 +125,12 @@ def moe_grouped_forward(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weig
     (each matmul in x's dtype, silu(gate) * up in x's dtype, the router-weighted sum in float32), and
     nothing in it waits for the host or has a data-dependent shape, so a decode step through it can be
     captured in a CUDA graph (the reference's per-expert loop cannot)."""
-    T, K = topk_ids_TK.shape
-    inter = w2.shape[2]
     if grouped is None:
         grouped = grouped_available(x_TD.dtype, x_TD.device)
     acc = acc_dtype(x_TD.dtype)
-    order, tok_P, offs = sort_pairs(topk_ids_TK, w13.shape[0])
-    gate_up_P = grouped_mm(x_TD[tok_P], w13.transpose(1, 2), offs, grouped)
-    h_P = F.silu(gate_up_P[:, :inter]) * gate_up_P[:, inter:]
-    y_P = grouped_mm(h_P, w2.transpose(1, 2), offs, grouped)
+    order, tok_P, _, _, _, _, _, _, y_P = _experts_on_pairs(x_TD, topk_ids_TK, w13, w2, grouped)
     weight_P = topk_weights_TK.reshape(-1)[order].to(acc)
-    out_TD = torch.zeros(T, x_TD.shape[1], dtype=acc, device=x_TD.device)
+    out_TD = torch.zeros(x_TD.shape, dtype=acc, device=x_TD.device)
     return out_TD.index_add_(0, tok_P, y_P.to(acc) * weight_P[:, None]).to(x_TD.dtype)
 
 
@@ -130,18 +140,11 @@ def moe_backward(grad_TD: torch.Tensor, x_TD: torch.Tensor, topk_ids_TK: torch.T
     """Gradients (x [T, D], topk_weights [T, K], w13 [E, 2I, D], w2 [E, D, I]) of the MoE layer
     out[t] = sum_k weight[t, k] * expert_{ids[t, k]}(x[t]), with w13/w2 the (dequantized) weights in x's dtype."""
     T, K = topk_ids_TK.shape
-    E, inter = w13.shape[0], w2.shape[2]
     if grouped is None:
         grouped = grouped_available(x_TD.dtype, x_TD.device)
     acc = acc_dtype(x_TD.dtype)
-    order, tok_P, offs = sort_pairs(topk_ids_TK, E)
-    x_P = x_TD[tok_P]
+    order, tok_P, offs, x_P, gate, up, silu, h_P, y_P = _experts_on_pairs(x_TD, topk_ids_TK, w13, w2, grouped)
     weight_P = topk_weights_TK.reshape(-1)[order].to(acc)
-    gate_up_P = grouped_mm(x_P, w13.transpose(1, 2), offs, grouped)
-    gate, up = gate_up_P[:, :inter], gate_up_P[:, inter:]
-    silu = F.silu(gate)
-    h_P = silu * up
-    y_P = grouped_mm(h_P, w2.transpose(1, 2), offs, grouped)
     go_P = grad_TD[tok_P].to(acc)
     g_weight_P = (go_P * y_P.to(acc)).sum(-1)
     gy_P = (go_P * weight_P[:, None]).to(x_TD.dtype)

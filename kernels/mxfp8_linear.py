@@ -102,14 +102,17 @@ class QuantCache:
         return self.value
 
 
+def _quantized(w13: torch.Tensor, w2: torch.Tensor, scale_mode: ScaleMode, backend: Backend,
+               cache: QuantCache | None) -> tuple[MXFP8Tensor, MXFP8Tensor]:
+    if cache is not None:
+        return cache.get(w13, w2, scale_mode, backend)
+    return MXFP8Tensor.quantize(w13.detach(), scale_mode, backend), MXFP8Tensor.quantize(w2.detach(), scale_mode, backend)
+
+
 class _MXFP8MoE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x_TD, topk_ids_TK, topk_weights_TK, w13, w2, scale_mode, backend, mma, cache):
-        if cache is not None:
-            q13, q2 = cache.get(w13, w2, scale_mode, backend)
-        else:
-            q13 = MXFP8Tensor.quantize(w13.detach(), scale_mode, backend)
-            q2 = MXFP8Tensor.quantize(w2.detach(), scale_mode, backend)
+        q13, q2 = _quantized(w13, w2, scale_mode, backend, cache)
         # the weights themselves, not their MXFP8 copy: the backward takes the copy from the cache, or
         # quantizes again (under FSDP the gathered weights are freed after the forward and gathered again
         # for the backward, so no layer's copy waits in memory for it)
@@ -120,11 +123,7 @@ class _MXFP8MoE(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_TD):
         x_TD, ids_TK, weights_TK, m13, m2 = ctx.saved_tensors
-        if ctx.cache is not None:
-            q13, q2 = ctx.cache.get(m13, m2, ctx.scale_mode, ctx.backend)
-        else:
-            q13 = MXFP8Tensor.quantize(m13.detach(), ctx.scale_mode, ctx.backend)
-            q2 = MXFP8Tensor.quantize(m2.detach(), ctx.scale_mode, ctx.backend)
+        q13, q2 = _quantized(m13, m2, ctx.scale_mode, ctx.backend, ctx.cache)
         w13 = q13.dequantize(x_TD.dtype, backend=ctx.backend)
         w2 = q2.dequantize(x_TD.dtype, backend=ctx.backend)
         g_x, g_w, g_13, g_2 = moe_backward(grad_TD.to(x_TD.dtype), x_TD, ids_TK, weights_TK, w13, w2)

@@ -46,6 +46,7 @@ import torch.nn.functional as F
 
 from serve.cli import DTYPES
 from serve.model.loader import load_model
+from serve.model.qwen3_moe import in_dtype
 from train.algo import LossConfig, policy_loss
 from train.checkpoint import load_training, read_policy, save_policy
 from train.samples import Sample
@@ -162,17 +163,6 @@ def pad_routes(samples: list[Sample], device: torch.device) -> torch.Tensor | No
     return out.to(device)
 
 
-class _Apply(torch.nn.Module):
-    """fn(model) as a module's forward, so torch.func.functional_call can swap the model's weights for it."""
-
-    def __init__(self, model: torch.nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, fn):
-        return fn(self.model)
-
-
 class Trainer:
     def __init__(self, model_dir: str | Path, config: TrainerConfig | None = None,
                  loss: LossConfig | None = None):
@@ -263,13 +253,10 @@ class Trainer:
     cast_weights = True  # copies of the masters in the compute dtype for each forward (FSDP: its own policy)
 
     def _in_compute_dtype(self, m: torch.nn.Module, fn):
-        """fn(m) with m's parameters replaced by differentiable copies in the compute dtype (gradients
-        reach the masters), except MXFP8 experts' masters, which their forward quantizes itself."""
+        """fn(m) on copies of m's masters in the compute dtype (serve/model/qwen3_moe.in_dtype)."""
         if not self.cast_weights or m.embed_tokens.weight.dtype == self.dtype:
             return fn(m)
-        keep = {id(w) for moe in m.moe_layers() if moe.train_mxfp8 for w in (moe.w13, moe.w2)}
-        weights = {f"model.{name}": p if id(p) in keep else p.to(self.dtype) for name, p in m.named_parameters()}
-        return torch.func.functional_call(_Apply(m), weights, (fn,), strict=False, tie_weights=True)
+        return in_dtype(m, self.dtype, fn)
 
     @torch.no_grad()
     def logprobs(self, samples: list[Sample]) -> list[torch.Tensor]:

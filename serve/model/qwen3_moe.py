@@ -192,23 +192,24 @@ class _Call(nn.Module):
         return fn(self.m)
 
 
-def _forward_dense_in_dtype(layer: DecoderLayer, x_BLD, cos_LC, sin_LC, routes_BLMK) -> torch.Tensor:
-    """layer.forward_dense with the layer's floating tensors in x's dtype (MXFP8 experts' masters excepted:
-    their forward quantizes them). What an activation-checkpointed layer runs: a trainer computing in bf16
-    swaps bf16 copies of the float32 masters in for its forward only (torch.func.functional_call), so the
-    backward's rerun finds the masters again and must cast them as the forward saw them, or it recomputes
-    a different graph (in float32: other tensors, another count; torch refuses it). In the forward itself
-    the tensors already have x's dtype and nothing is cast."""
-    dtype = x_BLD.dtype
-    moe = layer.mlp if isinstance(layer.mlp, SparseMoE) and layer.mlp.train_mxfp8 else None
-    keep = {id(moe.w13), id(moe.w2)} if moe is not None else set()
-    named = dict(layer.named_parameters())
-    cast = {f"m.{n}": p.to(dtype) for n, p in named.items()
+def in_dtype(module: nn.Module, dtype: torch.dtype, fn):
+    """fn(module) with the module's floating parameters replaced by differentiable copies in `dtype`
+    (gradients reach the masters), except MXFP8 experts' masters, which their forward quantizes itself.
+    The trainer runs its forward so (float32 masters, bf16 compute), and an activation-checkpointed layer
+    runs its recomputation so: the copies exist only during the forward, and the backward's rerun must
+    cast the masters as the forward saw them or it rebuilds another graph (torch refuses it)."""
+    keep = {id(w) for m in module.modules() if isinstance(m, SparseMoE) and m.train_mxfp8 for w in (m.w13, m.w2)}
+    cast = {f"m.{n}": p.to(dtype) for n, p in module.named_parameters()
             if id(p) not in keep and p.is_floating_point() and p.dtype != dtype}
     if not cast:
-        return layer.forward_dense(x_BLD, cos_LC, sin_LC, routes_BLMK)
-    return torch.func.functional_call(_Call(layer), cast, (lambda m: m.forward_dense(x_BLD, cos_LC, sin_LC, routes_BLMK),),
-                                      strict=False)
+        return fn(module)
+    return torch.func.functional_call(_Call(module), cast, (fn,), strict=False, tie_weights=True)
+
+
+def _forward_dense_in_dtype(layer: DecoderLayer, x_BLD, cos_LC, sin_LC, routes_BLMK) -> torch.Tensor:
+    """What an activation-checkpointed layer runs: forward_dense with its tensors in x's dtype (in the
+    forward itself they already are, and nothing is cast)."""
+    return in_dtype(layer, x_BLD.dtype, lambda m: m.forward_dense(x_BLD, cos_LC, sin_LC, routes_BLMK))
 
 
 class DecoderLayer(nn.Module):
