@@ -31,7 +31,6 @@ import statistics
 import subprocess
 import sys
 import time
-import zlib
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -107,8 +106,9 @@ def cmd_quality(args) -> None:
     cands = [tuple(per_definition(list(c), rows)) for c in cands]  # as CodeIndex.search does
     # Tune fusion on one half of the queries and report on the other; split by file, so the two halves
     # share no code.
-    dev = [i for i, q in enumerate(queries) if zlib.crc32(q.path.encode()) % 2 == 0]
-    test = [i for i, q in enumerate(queries) if zlib.crc32(q.path.encode()) % 2 == 1]
+    from bench.search_eval import split
+
+    dev, test = split(queries)
     everyone = list(range(len(queries)))
 
     def evaluate(idx: list[int], w: Weights | str) -> dict[str, float]:
@@ -276,10 +276,10 @@ def cmd_multi(args) -> None:
             flags["ours fused"].append(mark([c for c, _ in collapse(w.fuse(d, lx, dc), rows)]))
             per_query.append((lang, q.path, (d, lx, dc, rows, q)))
             cases.append(search_fusion.Case(
-                lang, zlib.crc32(q.path.encode()) % 2 == 0, d, lx,
+                lang, se.is_dev(q.path), d, lx,
                 search_fusion.right_ids({*d[0], *lx[0]}, rows, q)))
         table[lang] = {m: metrics(f) for m, f in flags.items()}
-        halves[lang] = (flags, [zlib.crc32(q.path.encode()) % 2 == 0 for q in queries])
+        halves[lang] = (flags, [se.is_dev(q.path) for q in queries])
         table[lang]["n"] = {"queries": len(queries)}
         for m in modes:
             pooled[m] += flags[m]
@@ -310,8 +310,8 @@ def cmd_multi(args) -> None:
             f"{metrics(pooled_half[m])['MRR@10']:5.1f}" for m in ("naive dense", "ours dense", "ours lexical", "ours fused")))
     print("macro MRR@10 (mean over languages): " + ", ".join(f"{m} {v:.1f}" for m, v in macro.items()))
     # Fusion weights tuned on the development half (by file), reported on the test half.
-    dev = [x for x in per_query if zlib.crc32(x[1].encode()) % 2 == 0]
-    test = [x for x in per_query if zlib.crc32(x[1].encode()) % 2 == 1]
+    dev = [x for x in per_query if se.is_dev(x[1])]
+    test = [x for x in per_query if not se.is_dev(x[1])]
 
     def score(items, w: Weights) -> float:
         out = []

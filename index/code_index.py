@@ -217,8 +217,9 @@ class CodeIndex:
     def candidates(self, queries: list[str], n: int = CANDIDATES, *, path: str | None = None,
                    ) -> list[tuple[Ranking, Ranking, Ranking]]:
         """For each query, the (ids, scores) of the dense retriever (cosines), of BM25 over code and
-        of BM25 over doc prose (each as a fraction of the query's ceiling), best first, up to `n` each, restricted to a file or folder when `path` is
-        given. Fused they are the search result; apart they are what evaluations compare."""
+        of BM25 over doc prose (each as a fraction of the query's ceiling), best first, up to `n` each,
+        restricted to a file or folder when `path` is given. Fused they are the search result; apart
+        they are what evaluations compare."""
         import faiss
 
         with self._lock:

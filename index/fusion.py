@@ -7,7 +7,7 @@ Three methods:
   query whose words the code barely matches thus leans on the dense list by itself, and one whose
   words a chunk matches fully gets the lexical list's say; max-normalising (below) gives the best
   chunk of a weak lexical list the same pull as the best of a strong one.
-- `weighted_sum` (the default): each list's scores are divided by that list's best score, then
+- `weighted_sum`: each list's scores are divided by that list's best score, then
   combined as `dense_weight * dense + lexical_weight * lexical`; a chunk missing from one list gets that
   list's lowest normalised score among its candidates. It uses how far apart the scores are, which rank
   fusion throws away.

@@ -96,20 +96,22 @@ DENSE_MAX_CHARS = 4096
 _NAME_PART = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|\d+")
 
 
+def _words(name: str) -> str:
+    """An identifier split at underscores and case changes, lower-cased."""
+    return " ".join(_NAME_PART.findall(name)).lower()
+
+
 def name_words(symbol: str) -> str:
-    """The innermost name of a dotted symbol, split at underscores and case changes, lower-cased."""
-    return " ".join(_NAME_PART.findall(symbol.rsplit(".", 1)[-1])).lower()
+    """The innermost name of a dotted symbol as words."""
+    return _words(symbol.rsplit(".", 1)[-1])
 
 
 def context_words(symbol: str, path: str) -> str:
     """Where a definition lives, as words: the names of the definitions around it
     (`ScheduledThreadPoolExecutor.DelayedWorkQueue.take` -> "scheduled thread pool executor delayed
     work queue"), or for a top-level definition its file's stem (`json/decoder.py` -> "decoder")."""
-    outer = [w for w in (" ".join(_NAME_PART.findall(p)).lower() for p in symbol.split(".")[:-1]) if w]
-    if outer:
-        return " ".join(outer)
-    stem = path.rsplit("/", 1)[-1].split(".", 1)[0]
-    return " ".join(_NAME_PART.findall(stem)).lower()
+    outer = " ".join(w for w in map(_words, symbol.split(".")[:-1]) if w)
+    return outer or _words(path.rsplit("/", 1)[-1].split(".", 1)[0])
 
 
 def dense_texts(chunks: list[Chunk], *, parsed: bool = True, path: str = "") -> list[str | None]:
@@ -120,9 +122,9 @@ def dense_texts(chunks: list[Chunk], *, parsed: bool = True, path: str = "") -> 
     "compat32"; format 6), then its whole code without its doc, which the model reads up to its limit,
     as a whole-function embedding does; no path, dotted symbol or enclosing signatures (the name as
     words: +2.2 MRR@10 on the development half, where the `path | symbol` header cost 4.4; the
-    context line: +7 on the JDK set's, +3.4 on the Python stdlib set's dense list). The later slices of a long definition and, in a file
-    that has definitions, the code between them (imports, constants, top-level statements) get no
-    vector: BM25 still finds them. Each of the three was measured to cost the dense list on the
+    context line: +7 on the JDK set's, +3.4 on the Python stdlib set's dense list). The later slices
+    of a long definition and, in a file that has definitions, the code between them (imports,
+    constants, top-level statements) get no vector: BM25 still finds them. Each of the three was measured to cost the dense list on the
     bench's development half (`python bench/search.py ablate`): the header 4.4 MRR@10 points, the
     code between definitions 5.5, slices competing with their own definition's head 2 to 3. That
     holds for code outside definitions in files that have none, too (re-export lists, generated

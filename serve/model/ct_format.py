@@ -10,7 +10,7 @@ checkpoints, which vLLM's compressed-tensors MoE method (CompressedTensorsW8A8Mx
 into its fused w13/w2 with the scales beside them.
 
 The codes and scales written are exactly the ones composer-serve computes with (the trainer's own
-quantizer), not a re-quantization. tests/serve/test_ct_checkpoint.py checks the config and the
+quantizer), not a re-quantization. tests/train/test_ct_checkpoint.py checks the config and the
 tensors against the compressed-tensors package itself (its MXFP8A16 preset and its MXFP8 compressor's
 decompression), so this module needs no dependency at run time.
 """
@@ -65,9 +65,8 @@ def is_ours(qc: dict[str, Any] | None) -> bool:
 
 
 def describe(qc: dict[str, Any]) -> str:
-    groups = qc.get("config_groups") or {}
-    schemes = sorted({f"{(g.get('weights') or {}).get('type')}{(g.get('weights') or {}).get('num_bits')}"
-                      f"/{(g.get('weights') or {}).get('strategy')}" for g in groups.values()})
+    weights = [g.get("weights") or {} for g in (qc.get("config_groups") or {}).values()]
+    schemes = sorted({f"{w.get('type')}{w.get('num_bits')}/{w.get('strategy')}" for w in weights})
     return f"{qc.get('quant_method')} {qc.get('format') or ''} {', '.join(schemes)}".strip()
 
 
