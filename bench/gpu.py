@@ -894,7 +894,10 @@ def section_tests(plan: Plan, report: Report, deadline: float) -> None:
     sec = report.section("tests")
     files = list(GPU_TEST_FILES if CUDA else GPU_TEST_FILES[:1])
     limit = max(10.0, min(plan.budgets["tests"], deadline - time.perf_counter()))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} if CUDA else dict(os.environ)
+    # as a user runs them: no Triton interpreter on a GPU, and pytest's plugins loaded (a caller that ran
+    # train/recipe.py's episodes in this process set PYTEST_DISABLE_PLUGIN_AUTOLOAD, for its task repos)
+    drop = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD", "PYTEST_ADDOPTS"} | ({"TRITON_INTERPRET"} if CUDA else set())
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "-rfE", "--tb=line",
            *files]
     if importlib.util.find_spec("pytest_timeout") is not None:
