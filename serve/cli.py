@@ -166,6 +166,11 @@ def _main(argv: list[str] | None = None) -> int:
                             timeout_graceful_shutdown=2)
     try:
         uvicorn.Server(config).run(sockets=[sock])
+    except KeyboardInterrupt:
+        # Ctrl-C: uvicorn has already shut down gracefully, then re-raised SIGINT, which asyncio turns
+        # into KeyboardInterrupt chained to a CancelledError. A stop asked for is not a crash (uvicorn's
+        # own CLI exits 0 here too).
+        print("composer-serve: stopped (Ctrl-C)", file=sys.stderr, flush=True)
     finally:
         if child is not None:
             from serve.engine.vllm import stop
