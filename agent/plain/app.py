@@ -4,7 +4,9 @@ The main thread owns the terminal: it reads input, and while a turn runs it wait
 requests that tool threads queue (a tool thread cannot prompt by itself without two readers fighting
 over stdin). Ctrl-C while a turn runs interrupts it (tools are killed, the session stays consistent);
 a second Ctrl-C before it has stopped quits at once. At the prompt Ctrl-C clears the line, and twice
-in a row on an empty line quits; Ctrl-D quits.
+in a row on an empty line quits; Ctrl-D quits, at the prompt and at an approval question alike (the
+question is declined and the turn stopped first, so no tool thread is left waiting). A question takes
+one key: y, a or n.
 """
 
 from __future__ import annotations
@@ -116,7 +118,8 @@ class LineMode:
                 if out.exit:
                     return 0
                 continue
-            self._turn(text)
+            if not self._turn(text):
+                return 0
 
     def _show(self, out: Outcome) -> None:
         if out.clear:
@@ -135,7 +138,8 @@ class LineMode:
 
     # -- a turn -----------------------------------------------------------------------------------
 
-    def _turn(self, text: str) -> None:
+    def _turn(self, text: str) -> bool:
+        """Run one turn, answering its approval questions; False when the user quit (Ctrl-D at a question)."""
         controller = self.controller
         assert controller is not None
         done = threading.Event()
@@ -149,7 +153,7 @@ class LineMode:
                 done.set()
 
         threading.Thread(target=work, name="turn", daemon=True).start()
-        interrupting = False
+        interrupting = quitting = False
         while not done.is_set():
             current: Question | None = None
             try:
@@ -157,8 +161,21 @@ class LineMode:
                     current = self.questions.get(timeout=0.1)
                 except queue.Empty:
                     continue
+                if quitting:  # the user has left: nobody is there to answer
+                    current.done.set()
+                    continue
                 current.decision = self._approve(current)
                 current.done.set()
+            except EOFError:
+                # Ctrl-D at a question quits, as at the prompt. The tool thread waiting for the answer
+                # is told no, and the turn is stopped and waited for here: left blocked, the executor's
+                # thread would hang the interpreter's exit.
+                if current is not None:
+                    current.done.set()
+                quitting = True
+                if not interrupting:
+                    interrupting = True
+                    controller.interrupt()
             except KeyboardInterrupt:
                 if current is not None:
                     current.done.set()  # its default decision: no, interrupted
@@ -172,6 +189,7 @@ class LineMode:
                 controller.interrupt()
                 self._decline_queued()
         self._decline_queued()
+        return not quitting
 
     def _decline_queued(self) -> None:
         while True:
@@ -191,7 +209,7 @@ class LineMode:
                 p.lines(lines, "  ")
             hint = f"[y]es, [a]lways for {q.tool} this session, [n]o: "
             while True:
-                answer = ANSWERS.get(self.reader.answer(hint).strip().lower())
+                answer = ANSWERS.get(self.reader.choose(hint, "yan").strip().lower())
                 if answer:
                     break
             if answer != "no":

@@ -12,8 +12,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from prompt_toolkit import PromptSession
+from prompt_toolkit.application.current import get_app
 from prompt_toolkit.completion import CompleteEvent, Completer, Completion
 from prompt_toolkit.document import Document
+from prompt_toolkit.filters import Condition
 from prompt_toolkit.formatted_text import ANSI
 from prompt_toolkit.history import History
 from prompt_toolkit.key_binding import KeyBindings
@@ -98,6 +100,23 @@ class Reader:
     def answer(self, question: str) -> str:
         return self.answers.prompt(self._message(question, "1;35"))
 
+    def choose(self, question: str, keys: str) -> str:
+        """A question answered by one key: any of `keys` typed on an empty line answers at once, as in
+        the full-screen app (a whole word and Enter still works). Ctrl-D and Ctrl-C raise as in `read`."""
+        return self.answers.prompt(self._message(question, "1;35"), key_bindings=_one_key(keys))
+
+
+def _one_key(keys: str) -> KeyBindings:
+    kb = KeyBindings()
+    empty = Condition(lambda: not get_app().current_buffer.text)
+    for key in keys:
+        @kb.add(key, filter=empty)
+        def _(event, key=key) -> None:
+            event.current_buffer.text = key  # left on screen, so the answer given stays visible
+            event.app.exit(result=key)
+
+    return kb
+
 
 class LineReader:
     """Stdin is not a terminal (a pipe, a file): one line per message, answers read the same way."""
@@ -115,3 +134,6 @@ class LineReader:
         self.out.write(question)
         self.out.flush()
         return self.read()
+
+    def choose(self, question: str, keys: str) -> str:
+        return self.answer(question)  # lines from a pipe: each answer ends with its newline anyway

@@ -106,11 +106,13 @@ def test_approvals_are_asked_inline_one_granted_one_denied_with_a_reason(repo):
         child.expect(r"\? Run this command\?")
         child.expect(r"\$ echo yes > approved.txt")
         child.expect(r"\[n\]o:")
-        child.send("y\r")
+        time.sleep(0.2)
+        child.send("y")  # one key answers, no Enter, as in the full-screen app
         child.expect(r"✓ shell echo yes > approved.txt · exit 0")
         child.expect(r"\$ echo no > denied.txt")
         child.expect(r"\[n\]o:")
-        child.send("n\r")
+        time.sleep(0.2)
+        child.send("n")
         child.expect("Why not")
         child.send("write it in Python\r")
         child.expect(r"✗ shell echo no > denied.txt · declined")
@@ -120,6 +122,33 @@ def test_approvals_are_asked_inline_one_granted_one_denied_with_a_reason(repo):
         told = srv.chat_requests()[2]["messages"][-1]["content"]
     assert (repo / "approved.txt").read_text() == "yes\n" and not (repo / "denied.txt").exists()
     assert "declined" in told and "write it in Python" in told
+
+
+@pytest.mark.parametrize("where", ["question", "reason"])
+def test_ctrl_d_at_an_approval_question_quits_cleanly(repo, where):
+    """Ctrl-D quits wherever the app waits for input: at the question and at "Why not?" alike, with no
+    traceback, the call not run and no thread left to hang the exit."""
+    script = [{"tool_calls": [{"name": "shell", "arguments": {"command": "echo yes > approved.txt"}}]},
+              {"content": "never asked for"}]
+    with ScriptedServer(script) as srv:
+        child = spawn(repo, srv)
+        at_prompt(child)
+        child.send("make a file\r")
+        child.expect(r"\[n\]o:")
+        if where == "reason":
+            time.sleep(0.2)
+            child.send("n")
+            child.expect("Why not")
+        time.sleep(0.2)
+        child.sendcontrol("d")
+        try:
+            child.expect(pexpect.EOF, timeout=10)
+        finally:
+            child.close(force=True)
+        out = COLOUR.sub("", child.logfile_read.getvalue())
+    assert "Traceback" not in out and child.exitstatus == 0, out
+    assert not (repo / "approved.txt").exists()
+    assert "--resume" in out  # left the way Ctrl-D at the prompt leaves: with the command that continues
 
 
 def test_mention_completion_and_history_recall(repo):
