@@ -233,9 +233,11 @@ def _healthy(base_url: str) -> bool:
         return False
 
 
-def start_builtin(*, out: TextIO | None = None, timeout_s: float = 600.0) -> LocalServer:
+def start_builtin(*, out: TextIO | None = None, timeout_s: float = 600.0, notice: bool = True) -> LocalServer:
     """Print the notice, start composer-serve on the built-in checkpoint and wait until it answers.
-    The caller must `stop()` it (on every path: use try/finally or `with`)."""
+    The caller must `stop()` it (on every path: use try/finally or `with`). `notice=False` for the
+    interactive front-ends: their session opens with the same news (render.BUILTIN_BANNER), and twice in
+    a row reads like two problems."""
     out = sys.stderr if out is None else out
     missing = missing_serve_packages()
     if missing:
@@ -249,7 +251,8 @@ def start_builtin(*, out: TextIO | None = None, timeout_s: float = 600.0) -> Loc
             f"the built-in model is not installed at {model_dir}; "
             "point composer-agent at a server with --base-url URL"
         )
-    print(NOTICE, file=out, flush=True)
+    if notice:
+        print(NOTICE, file=out, flush=True)
     server = launch(model_dir)
     try:
         wait_ready(server, timeout_s=timeout_s, status=out)

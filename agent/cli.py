@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         from agent.builtin_model import BuiltinModelError, start_builtin
 
         try:
-            server = start_builtin()
+            server = start_builtin(notice=headless)  # interactive sessions open with it themselves
         except BuiltinModelError as e:
             print(f"composer-agent: error: {e}", file=sys.stderr)
             return _json_failure(args, "builtin_model", str(e), 2)
