@@ -36,6 +36,8 @@ def _expert(w: torch.Tensor | MXFP8Tensor, e: int, dtype: torch.dtype) -> torch.
     """One expert's matrix in `dtype`; MXFP8 weights are dequantized one expert at a time, so a decode
     step on the CPU touches only the experts its tokens picked."""
     if isinstance(w, MXFP8Tensor):
+        if w.dense is not None and w.dense.dtype == dtype:
+            return w.dense[e]
         return dequantize_mxfp8_reference(w.data[e], w.scales[e], dtype)
     return w[e].to(dtype)
 

@@ -33,7 +33,7 @@ large scales overflow; we do not).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -57,6 +57,9 @@ class MXFP8Tensor:
 
     data: torch.Tensor
     scales: torch.Tensor
+    dense: torch.Tensor | None = field(default=None, compare=False, repr=False)
+    """Optional: these values dequantized once (`with_dense`), which the torch reference paths read instead
+    of dequantizing per call: a CPU serving float64 would otherwise spend half a decode step there."""
 
     def __post_init__(self):
         _check_pair(self.data, self.scales, BLOCK_SIZE)
@@ -75,6 +78,10 @@ class MXFP8Tensor:
     @property
     def device(self) -> torch.device:
         return self.data.device
+
+    def with_dense(self, dtype: torch.dtype) -> MXFP8Tensor:
+        """The same values, also held dequantized in `dtype` (exactly the reference dequantization)."""
+        return MXFP8Tensor(self.data, self.scales, dequantize_mxfp8_reference(self.data, self.scales, dtype))
 
     def nbytes(self) -> int:
         return self.data.numel() * self.data.element_size() + self.scales.numel() * self.scales.element_size()

@@ -1,6 +1,7 @@
 """What the server says in its log: one access line per request, and a throughput line while busy.
 
     composer.access: POST /v1/chat/completions 200 prompt_tokens=35 completion_tokens=12 ttft=0.081s duration=0.412s
+    (with speculative decoding, after completion_tokens: spec_drafted=20 spec_accepted=9)
     composer.throughput: prompt 310.2 tokens/s, generation 95.0 tokens/s, running 8, waiting 2, KV cache 12.5%
 
 The access line is written when the response's last byte has gone (a stream's duration is the whole
@@ -30,12 +31,15 @@ class Access:
     )  # prompt ids object -> its length (n choices share one)
     completion_tokens: int = 0
     first_token: float | None = None
+    drafted: int = 0  # speculative decoding: draft tokens verified for this request, and accepted
+    accepted: int = 0
 
     def line(self, method: str, path: str, status: int) -> str:
         ttft = f"{self.first_token - self.start:.3f}s" if self.first_token is not None else "-"
+        spec = f" spec_drafted={self.drafted} spec_accepted={self.accepted}" if self.drafted else ""
         return (
             f"{method} {path} {status} prompt_tokens={sum(self.prompts.values())} "
-            f"completion_tokens={self.completion_tokens} ttft={ttft} duration={time.monotonic() - self.start:.3f}s"
+            f"completion_tokens={self.completion_tokens}{spec} ttft={ttft} duration={time.monotonic() - self.start:.3f}s"
         )
 
 
@@ -55,10 +59,12 @@ def prompt_started(prompt_ids: list[int]) -> None:
         a.prompts[id(prompt_ids)] = len(prompt_ids)
 
 
-def token_generated() -> None:
+def token_generated(drafted: int = 0, accepted: bool = False) -> None:
     Totals.generated += 1
     if (a := current.get()) is not None:
         a.completion_tokens += 1
+        a.drafted += drafted
+        a.accepted += accepted
         if a.first_token is None:
             a.first_token = time.monotonic()
 
@@ -111,5 +117,7 @@ async def log_throughput(stats, interval: float) -> None:
                 f"prompt {(now[1] - last[1]) / dt:.1f} tokens/s, generation "
                 f"{(now[2] - last[2]) / dt:.1f} tokens/s, running {s.running}, waiting {s.waiting}, "
                 f"KV cache {100 * s.kv_cache_usage:.1f}%"
+                + (f", drafts accepted {100 * s.spec_accepted / s.spec_drafted:.1f}% "
+                   f"({1 + s.spec_accepted / s.spec_verifies:.2f} tokens per verifying step)" if s.spec_drafted else "")
             )
         last = now

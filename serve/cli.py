@@ -17,6 +17,11 @@ import socket
 import sys
 from pathlib import Path
 
+from serve.engine.drafter import DEFAULT_CACHE_TOKENS as SPEC_CACHE
+from serve.engine.drafter import DEFAULT_TOKENS as SPEC_TOKENS
+from serve.engine.drafter import METHODS as SPEC_METHODS
+from serve.engine.drafter import SpecConfig
+
 BUILTIN_NAME = "composer-tiny"
 # COMPOSER_BUILTIN_MODEL overrides the folder (tests, packagers); composer-agent reads the same variable.
 BUILTIN_DIR = Path(__file__).parent / "builtin" / BUILTIN_NAME
@@ -39,8 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quant", choices=["auto", "none", "mxfp8"], default="auto",
                    help="expert weights (auto: mxfp8 on GPU, none on CPU; checkpoints stored in MXFP8 load as is)")
     p.add_argument("--served-model-name", help="name clients use (default: --model as given)")
-    p.add_argument("--api-key", help="require this Bearer key on /v1 requests (and, off loopback, allow "
-                   "POST /v1/load_weights at all); /health, /metrics and /openapi.json stay open")
+    p.add_argument("--api-key", action="append", help="require this Bearer key on /v1 requests (and, off loopback, "
+                   "allow POST /v1/load_weights at all); /health, /metrics and /openapi.json stay open. Repeat it "
+                   "for several users: each key's requests draft speculative tokens only from that key's")
     p.add_argument("--metrics-need-key", action="store_true", help="with --api-key, /metrics needs the key too")
     p.add_argument("--max-body-mb", type=float, default=16.0,
                    help="largest request body accepted, in MiB (default 16; larger ones get a 413 unread)")
@@ -68,6 +74,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a sequence's logits do not depend on the rest of the batch, on chunked prefill or on the "
                         "prefill/decode split: its log-probs are a function of its token ids, which composer-train "
                         "reproduces bit for bit (float64 sums on the torch paths: slower)")
+    n.add_argument("--speculative", choices=list(SPEC_METHODS), default="off",
+                   help="speculative decoding from text the server already has, no draft model: suffix (the "
+                        "request's prompt and output and recent requests' outputs, frequency-weighted), ngram "
+                        "(prompt lookup) or off (default); greedy output is unchanged, sampling keeps its "
+                        "distribution; the vllm engine passes it on, the hf engine refuses it")
+    n.add_argument("--num-speculative-tokens", type=int, default=SPEC_TOKENS,
+                   help=f"most draft tokens a sequence verifies in one step (default {SPEC_TOKENS}; fewer are "
+                        "drafted where verifying would cost more than it saves)")
+    n.add_argument("--speculative-cache-tokens", type=int, default=SPEC_CACHE,
+                   help=f"tokens of recent outputs kept for suffix drafts, over all API keys (default {SPEC_CACHE}, "
+                        f"~{SPEC_CACHE * 64 // 2**20} MiB at most; 0: none)")
     n.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
                    help="auto: the checkpoint's weights (default); dummy: random weights made on the device from "
                         "config.json alone, for measuring speed at a model's shape (the folder still needs its "
@@ -96,6 +113,13 @@ def _main(argv: list[str] | None = None) -> int:
         parser.error("--max-body-mb must be positive")
     if args.metrics_need_key and not args.api_key:
         parser.error("--metrics-need-key needs --api-key")
+    args.api_key = tuple(args.api_key) if args.api_key else None
+    try:
+        spec = SpecConfig(args.speculative, args.num_speculative_tokens, args.speculative_cache_tokens)
+    except ValueError as e:
+        parser.error(str(e).replace("num_speculative_tokens", "--num-speculative-tokens"))
+    if spec.on and args.engine == "hf":
+        parser.error("--speculative needs the native engine (or vllm); the hf engine is the plain reference")
     if args.model is None:
         args.model = os.environ.get("COMPOSER_BUILTIN_MODEL") or str(BUILTIN_DIR)
         args.served_model_name = args.served_model_name or BUILTIN_NAME
@@ -212,7 +236,9 @@ def _local_engine(args, model_dir: Path):
                           max_num_seqs=args.max_num_seqs, max_batched_tokens=args.max_batched_tokens,
                           kv_cache_tokens=args.kv_cache_tokens, prefix_caching=not args.no_prefix_caching,
                           enforce_eager=args.enforce_eager, load_format=args.load_format,
-                          batch_invariant=args.batch_invariant)
+                          batch_invariant=args.batch_invariant, speculative=args.speculative,
+                          num_speculative_tokens=args.num_speculative_tokens,
+                          speculative_cache_tokens=args.speculative_cache_tokens)
     engine = NativeEngine(str(model_dir), config)
     return engine, engine.describe()
 
@@ -229,7 +255,8 @@ def _vllm_app(args, chat, served: str):
         cmd = vllm_command(args.model, host="127.0.0.1", port=inner, served_name=served,
                            tool_format=chat.tool_format, reasoning=chat.reasoning, dtype=args.dtype,
                            quant=args.quant, max_model_len=args.max_model_len, capability=gpu_capability(),
-                           executable=exe)
+                           executable=exe, speculative=args.speculative,
+                           num_speculative_tokens=args.num_speculative_tokens)
         proc = launch(cmd, f"http://127.0.0.1:{inner}")
     except VLLMUnavailable as e:
         return None, str(e), None

@@ -89,7 +89,7 @@ async def _choice(engine: Engine, tokenizer, prompt_ids: list[int], params: Samp
     try:
         async for tok in stream:
             n += 1
-            token_generated()
+            token_generated(tok.drafted, tok.accepted)
             version = tok.policy_version
             if first is None:
                 first = time.monotonic()

@@ -10,9 +10,11 @@ the bytes pass the limit) and handed on. Refusals are counted in /metrics under 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -20,10 +22,26 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from serve.schemas import APIError
 
 
-def key_ok(header: bytes | None, key: str) -> bool:
-    """`Authorization: Bearer KEY`, the scheme in any case (RFC 9110), compared in constant time."""
+def key_ok(header: bytes | None, key: str | Sequence[str]) -> bool:
+    """`Authorization: Bearer KEY` with one of the keys, the scheme in any case (RFC 9110), compared in
+    constant time."""
+    return matching_key(header, key) is not None
+
+
+def matching_key(header: bytes | None, key: str | Sequence[str]) -> str | None:
     scheme, _, token = (header or b"").strip().partition(b" ")
-    return scheme.lower() == b"bearer" and secrets.compare_digest(token.strip(), key.encode())
+    if scheme.lower() != b"bearer":
+        return None
+    found = None
+    for k in [key] if isinstance(key, str) else key:
+        if secrets.compare_digest(token.strip(), k.encode()):
+            found = k
+    return found
+
+
+draft_scope: ContextVar[str] = ContextVar("composer_draft_scope", default="")
+"""Whose text a request's speculative drafts may come from: a digest of the API key it came with (each
+user drafts only from their own requests), "" on a server without keys."""
 
 
 def route_template(routes: list[BaseRoute], scope: Scope) -> str:
@@ -35,7 +53,7 @@ def route_template(routes: list[BaseRoute], scope: Scope) -> str:
 
 
 class Guard:
-    def __init__(self, app: ASGIApp, *, api_key: str | None, key_paths: Callable[[str], bool], max_body_bytes: int,
+    def __init__(self, app: ASGIApp, *, api_key: str | Sequence[str] | None, key_paths: Callable[[str], bool], max_body_bytes: int,
                  count: Callable[[Scope, int], None]):
         self.app, self.api_key, self.key_paths = app, api_key, key_paths
         self.max_body_bytes, self.count = max_body_bytes, count
@@ -45,10 +63,13 @@ class Guard:
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
-        if self.api_key and self.key_paths(scope["path"]) and not key_ok(headers.get(b"authorization"),
-                                                                          self.api_key):
-            await self._refuse(scope, send, APIError(401, "Incorrect or missing API key.", code="invalid_api_key"))
-            return
+        if self.api_key and self.key_paths(scope["path"]):
+            key = matching_key(headers.get(b"authorization"), self.api_key)
+            if key is None:
+                await self._refuse(scope, send, APIError(401, "Incorrect or missing API key.",
+                                                         code="invalid_api_key"))
+                return
+            draft_scope.set(hashlib.sha256(key.encode()).hexdigest()[:16])
         length = headers.get(b"content-length", b"")
         if length.isdigit() and int(length) > self.max_body_bytes:
             await self._refuse(scope, send, self._too_large())

@@ -1,5 +1,5 @@
 """Prometheus metrics for /metrics: requests, tokens, time to first token, decode speed, queue, KV cache,
-policy version."""
+policy version, speculative decoding's drafted and accepted tokens."""
 
 from __future__ import annotations
 
@@ -36,6 +36,12 @@ class Metrics:
         self.kv_usage = Gauge("composer_kv_cache_usage_ratio", "Fraction of KV-cache blocks in use", registry=r)
         self.prefix_hits = Gauge("composer_prefix_cache_hit_ratio", "Prefix-cache hits / queries", registry=r)
         self.policy_version = Gauge("composer_policy_version", "Version of the weights serving now", registry=r)
+        self.spec_drafted = Gauge("composer_spec_draft_tokens", "Speculative decoding: draft tokens verified since "
+                                  "start", registry=r)
+        self.spec_accepted = Gauge("composer_spec_accepted_tokens", "Speculative decoding: draft tokens accepted "
+                                   "since start", registry=r)
+        self.spec_length = Gauge("composer_spec_mean_accepted_length", "Speculative decoding: tokens a sequence "
+                                 "got per verifying step (1 + accepted drafts), mean since start", registry=r)
         self._stats = stats
 
     def render(self) -> bytes:
@@ -45,4 +51,7 @@ class Metrics:
         self.kv_usage.set(s.kv_cache_usage)
         self.policy_version.set(s.policy_version)
         self.prefix_hits.set(s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries else 0.0)
+        self.spec_drafted.set(s.spec_drafted)
+        self.spec_accepted.set(s.spec_accepted)
+        self.spec_length.set(1 + s.spec_accepted / s.spec_verifies if s.spec_verifies else 0.0)
         return generate_latest(self.registry)

@@ -21,6 +21,7 @@ from fastapi import Request
 from serve.chat_format import ChatFormat
 from serve.engine.base import Engine, EngineStopped, SamplingParams
 from serve.engine.weights import RequestAborted
+from serve.guard import draft_scope
 from serve.metrics import Metrics
 from serve.schemas import APIError, ChatCompletionRequest, CompletionRequest
 from serve.structured import Grammars
@@ -38,7 +39,8 @@ class ServerState:
     chat: ChatFormat
     served_name: str
     max_model_len: int
-    api_key: str | None = None
+    api_key: str | tuple[str, ...] | None = None
+    """The key, or keys (one per user: requests draft speculative tokens only from their own key's)."""
     model_path: str = ""
     host: str = "127.0.0.1"
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
@@ -128,6 +130,7 @@ class ServerState:
                                                  | set(req.stop_token_ids or [])),
             logprobs=logprobs, top_logprobs=top_logprobs,
             return_routed_experts=getattr(req, "return_routed_experts", False),
+            draft_scope=draft_scope.get(),
         )
 
 

@@ -33,6 +33,9 @@ class SamplingParams:
     """A serve.structured.Constraint: each step, only tokens its grammar allows may be sampled."""
     return_routed_experts: bool = False
     """Put the MoE experts of every token the model read on the last token (engines that can)."""
+    draft_scope: str = ""
+    """Whose text may draft for this request (speculative decoding): requests share recent outputs only
+    within one scope (the server sets it from the request's API key)."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -54,6 +57,10 @@ class GenToken:
     """On a request's last token, when asked (SamplingParams.return_routed_experts): [T, M, K] experts."""
     cached_tokens: int | None = None
     """On a request's first token, from engines with a prefix cache: how many prompt tokens it supplied."""
+    drafted: int = 0
+    """Speculative decoding: on the first token a verifying step gave, how many draft tokens it checked."""
+    accepted: bool = False
+    """Speculative decoding: this token was drafted and accepted."""
 
 
 @dataclass
@@ -64,6 +71,9 @@ class EngineStats:
     prefix_cache_hits: int = 0
     prefix_cache_queries: int = 0
     policy_version: int = 0
+    spec_drafted: int = 0  # speculative decoding: draft tokens verified, accepted, sequence-steps verifying
+    spec_accepted: int = 0
+    spec_verifies: int = 0
 
 
 class Engine(ABC):

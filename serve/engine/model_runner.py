@@ -2,7 +2,8 @@
 
 Owns the KV cache: per layer one key and one value tensor of [num_blocks * block_size, G, C], indexed
 by slot = block * block_size + offset. Sequences computing one token with context before it form the
-padded decode group; everything else (prompt chunks) is a prefill slice. One block past the block
+padded decode group (a sequence verifying a draft adds a row per draft token, each attending up to
+itself); everything else (prompt chunks) is a prefill slice. One block past the block
 manager's (`pad_slot` onwards) takes the K/V of the padding rows of static decode steps.
 
 Two step paths: `run` (any batch: prefill chunks and decodes; shapes follow the batch; the caller samples)
@@ -31,6 +32,7 @@ class StaticConfig:
     max_num_seqs: int
     max_model_len: int
     graphs: bool
+    max_draft: int = 0  # draft tokens a sequence may verify in one step (speculative decoding)
 
 
 class ModelRunner:
@@ -55,7 +57,8 @@ class ModelRunner:
         self.static = None
         if static is not None:
             self.static = StaticDecoder(model, self.kv, self.routes, block_size, static.max_num_seqs,
-                                        -(-static.max_model_len // block_size), self.pad_slot, device, static.graphs)
+                                        -(-static.max_model_len // block_size), self.pad_slot, device, static.graphs,
+                                        static.max_draft)
 
     def set_model(self, model: Qwen3MoeModel) -> None:
         self.model = model
@@ -66,8 +69,9 @@ class ModelRunner:
         return self.static is not None and self.static.eligible(batch)
 
     def decode(self, batch: list[tuple[Sequence, int]]) -> list[list[float]]:
-        """A step where every sequence decodes its next token (`can_decode`), sampled on the device: per
-        sequence its picks row (sampling.pack_picks)."""
+        """A step where every sequence decodes its next token (`can_decode`), verifying its draft if it has
+        one, sampled on the device: per row (one per sequence, 1 + len(draft) for a verifying one) its
+        picks row (sampling.pack_picks)."""
         return self.static.step([seq for seq, _ in batch])
 
     @staticmethod
@@ -100,29 +104,36 @@ class ModelRunner:
         self._slot_cache.pop(seq.id, None)
 
     def run(self, batch: list[tuple[Sequence, int]]) -> tuple[list[Sequence], torch.Tensor]:
-        """Forward the batch; returns the sequences that get a new token and their logits [B, V]."""
+        """Forward the batch; returns the sequences that get a new token and their logits [R, V]: one row
+        each, or 1 + len(draft) rows for a sequence verifying a draft (serve/engine/speculation.py)."""
         ids, positions, slot_map = [], [], []
         prefill: list[SeqSlice] = []
         decode_rows, decode_slots, decode_lens, decode_tables = [], [], [], []
         sampled, logits_rows = [], []
         for seq, n in batch:
             start, row = seq.num_computed, len(ids)
-            ids += seq.token_ids[start : start + n]
+            ids += seq.token_ids[start : start + n - len(seq.draft)] + seq.draft
             positions += range(start, start + n)
             slots_L = self._slots(seq, start + n)
             slot_map.append(slots_L[start:])
-            if n == 1 and start > 0:
-                decode_rows.append(row)
-                decode_lens.append(start + 1)
-                if self.cpu_kernels is not None:
-                    decode_tables.append(seq.block_table)
-                else:
-                    decode_slots.append(slots_L)
+            if start > 0 and n == 1 + len(seq.draft) and start + 1 == len(seq) \
+                    and (n == 1 or self.cpu_kernels is not None):
+                # decode, or verify where the C++ kernel reads pages in place: a row per token, each attending
+                # to the cache up to itself (the draft tokens before it included: every row's K/V are written
+                # before attention reads). The torch path verifies as a prefill slice instead (causal over
+                # the draft, offset by the cache): one gather of the context, not one per row.
+                for i in range(n):
+                    decode_rows.append(row + i)
+                    decode_lens.append(start + 1 + i)
+                    if self.cpu_kernels is not None:
+                        decode_tables.append(seq.block_table)
+                    else:
+                        decode_slots.append(slots_L[: start + 1 + i])
             else:
                 prefill.append(SeqSlice(row, n, start + n, slots_L.to(self.device)))
-            if start + n == len(seq):
+            if start + n == len(seq) + len(seq.draft):
                 sampled.append(seq)
-                logits_rows.append(row + n - 1)
+                logits_rows += range(row + n - 1 - len(seq.draft), row + n)
         dev = self.device
         meta = AttnMeta(slot_mapping_T=torch.cat(slot_map).to(dev), prefill=prefill,
                         decode_rows_B=torch.tensor(decode_rows, dtype=torch.long, device=dev), routes_SMK=self.routes)
@@ -143,4 +154,4 @@ class ModelRunner:
         logits = self.model(torch.tensor(ids, dtype=torch.long, device=dev),
                             torch.tensor(positions, dtype=torch.long, device=dev), meta, self.kv,
                             torch.tensor(logits_rows, dtype=torch.long, device=dev))
-        return sampled, logits[: len(sampled)]
+        return sampled, logits[: len(logits_rows) if sampled else 0]

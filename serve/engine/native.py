@@ -38,10 +38,12 @@ import torch
 from kernels import cpu_ext
 from serve.engine.base import DONE, Engine, EngineStats, EngineStopped, GenToken, SamplingParams, drain
 from serve.engine.block_manager import BlockManager
+from serve.engine.drafter import DEFAULT_CACHE_TOKENS, DEFAULT_TOKENS, SpecConfig
 from serve.engine.model_runner import ModelRunner, StaticConfig
 from serve.engine.sampling import make_generator, picks_of, sample_batch
 from serve.engine.scheduler import Scheduler
 from serve.engine.sequence import Sequence
+from serve.engine.speculation import Speculator, sample_verify, walk
 from serve.engine.weights import (
     Reload,
     RequestAborted,
@@ -97,8 +99,20 @@ class EngineConfig:
     the batch, on chunked prefill or on the prefill/decode split, so its log-probs are a function of its
     token ids and the trainer reproduces them bit for bit. Runs the torch paths in float64 sums (no C++
     kernels, no oneDNN packing, no static decode step): slower; bench/train_serve_gap.py measures it."""
+    speculative: str = "off"
+    """Speculative decoding from text the server already has (serve/engine/speculation.py): suffix, ngram
+    or off."""
+    num_speculative_tokens: int = DEFAULT_TOKENS
+    """Most draft tokens a sequence verifies in one step."""
+    speculative_cache_tokens: int = DEFAULT_CACHE_TOKENS
+    """Tokens of recent outputs the suffix drafter keeps (over all API keys, each drafting only from its
+    own)."""
+    speculative_adaptive: bool = True
+    """Draft only where verifying is expected to pay; False: every proposal, up to num_speculative_tokens."""
 
     def __post_init__(self) -> None:
+        self.spec = SpecConfig(self.speculative, self.num_speculative_tokens, self.speculative_cache_tokens,
+                               self.speculative_adaptive)
         if self.quant not in ("auto", "none", "mxfp8"):
             raise ValueError(f"quant must be auto, none or mxfp8, not {self.quant!r}")
         if self.load_format not in ("auto", "dummy"):
@@ -166,8 +180,10 @@ class NativeEngine(Engine):
         if c.batch_invariant and c.static_decode:
             raise ValueError("the static decode step has no batch-invariant kernels: leave static_decode unset")
         static = static and not c.batch_invariant
+        self.spec = Speculator(c.spec, self.max_model_len) if c.spec.on else None
         self.runner = ModelRunner(self.model, num_blocks, c.block_size, self.device, self.dtype, self.cpu_kernels,
-                                  StaticConfig(c.max_num_seqs, self.max_model_len, graphs=not c.enforce_eager)
+                                  StaticConfig(c.max_num_seqs, self.max_model_len, graphs=not c.enforce_eager,
+                                               max_draft=c.spec.num_tokens if c.spec.on else 0)
                                   if static else None)
         self.kv_cache_bytes = num_blocks * c.block_size * per_token
 
@@ -177,9 +193,11 @@ class NativeEngine(Engine):
         if self.config.batch_invariant:
             model.set_batch_invariant()
             return "batch-invariant numerics (float64 sums, torch paths)"
-        if self.device.type == "cpu" and self.config.cpu_pack:
-            return model.pack_for_cpu(cpu_kernels=self.cpu_kernels)
-        return ""
+        done = model.pack_for_cpu(cpu_kernels=self.cpu_kernels) if self.device.type == "cpu" and self.config.cpu_pack \
+            else ""
+        if self.device.type == "cpu" and _dequantize_experts(model, self.dtype):
+            done += ("; " if done else "") + f"MXFP8 experts also held in {self.serve_dtype}"
+        return done
 
     def _default_kv_tokens(self, per_token: int) -> int:
         if self.device.type == "cuda":
@@ -213,14 +231,17 @@ class NativeEngine(Engine):
                 + (f"; {self.runner.static.describe()}" if self.runner.static is not None else "")
                 + ("; decode steps: every layer in one C++ call"
                    if self.model.decode_plan(self.runner.cpu_kernels) is not None else "")
+                + (f"; {self.spec.describe()}" if self.spec is not None else "")
                 + ("; CPU kernels not built yet (torch paths; `python -m kernels.cpu_ext` builds them)"
                    if self.kernels_wanted and self.cpu_kernels is None else ""))
 
     def stats(self) -> EngineStats:
         waiting = len(self.scheduler.waiting) + self._inbox.qsize() + len(self._held)
+        spec = self.spec
         return EngineStats(running=len(self.scheduler.running), waiting=waiting, kv_cache_usage=self.blocks.usage,
                            prefix_cache_hits=self.blocks.hit_tokens, prefix_cache_queries=self.blocks.query_tokens,
-                           policy_version=self.policy_version)
+                           policy_version=self.policy_version, spec_drafted=spec.drafted if spec else 0,
+                           spec_accepted=spec.accepted if spec else 0, spec_verifies=spec.verifies if spec else 0)
 
     def running(self) -> bool:
         return not self._closed and self._thread.is_alive()
@@ -304,6 +325,8 @@ class NativeEngine(Engine):
         if self._reload is not None and not self.scheduler.has_work():
             self._swap_weights(self._reload)
             return
+        if self.spec is not None:
+            self.spec.plan(self.scheduler.running)
         batch = self.scheduler.schedule()
         for seq, e in self.scheduler.take_failed():
             self._fail([seq], e)
@@ -395,52 +418,89 @@ class NativeEngine(Engine):
                 self._accept(item)
 
     def _step(self, batch: list[tuple[Sequence, int]]) -> None:
+        verifying = any(seq.draft for seq, _ in batch)
+        decoding = all(seq.num_computed > 0 and seq.num_computed + 1 == len(seq) for seq, _ in batch)
+        start = time.perf_counter()
         try:
             if self.runner.can_decode(batch):
-                sampled, picks = [seq for seq, _ in batch], self._decode(batch)
+                sampled, rows = [seq for seq, _ in batch], self.runner.decode(batch)
+                logits = None
             else:
                 sampled, logits = self.runner.run(batch)
-                picks = None
+                rows = None
         except Exception as e:  # noqa: BLE001 - find the culprit: nothing was committed, so a rerun is safe
             if len(batch) == 1:
                 log.warning("a sequence failed in the forward pass: %s: %s", type(e).__name__, e)
                 self._fail([batch[0][0]], e)
                 return
-            for item in batch:
-                self._step([item])
+            for seq, n in batch:  # each alone, a verifying one as a plain decode
+                n, seq.draft = n - len(seq.draft), []
+                self._step([(seq, n)])
             return
         for seq, n in batch:
-            seq.num_computed += n
-            self.blocks.register(seq)
+            if not seq.draft:
+                seq.num_computed += n
+                self.blocks.register(seq)
         if not sampled:
             return
-        if picks is None:
-            picks = sample_batch(logits, [s.params for s in sampled], [s.generator for s in sampled],
-                                 [s.matcher for s in sampled])  # grammars: masks per sequence
+        if verifying:
+            per_seq = (_split(rows, sampled) if rows is not None
+                       else sample_verify(logits, sampled))  # host sampling: grammars mask each row
+            picks = [walk(seq, r) for seq, r in zip(sampled, per_seq, strict=True)]
+        else:
+            if rows is not None:
+                flat = picks_of(rows, [s.params for s in sampled], [s.generator for s in sampled])
+            else:
+                flat = sample_batch(logits, [s.params for s in sampled], [s.generator for s in sampled],
+                                    [s.matcher for s in sampled])  # grammars: masks per sequence
+            picks = [[p] for p in flat]
+        if self.spec is not None and decoding:  # the step cost model learns from decode and verify steps
+            self.spec.cost.observe(sum(n for _, n in batch), time.perf_counter() - start)
         out: list[tuple[Sequence, object]] = []
-        for seq, pick in zip(sampled, picks, strict=True):
+        for seq, seq_picks in zip(sampled, picks, strict=True):
+            out += self._emit_picks(seq, seq_picks)
+        self._emit_many(out)
+
+    def _emit_picks(self, seq: Sequence, picks: list) -> list[tuple[Sequence, object]]:
+        """Append a sequence's new tokens (one, or a verified draft's kept ones) and stop where it ends."""
+        out: list[tuple[Sequence, object]] = []
+        draft, seq.draft = seq.draft, []
+        kept = 0
+        for i, pick in enumerate(picks):
             if isinstance(pick, Exception):
                 self._finish(seq)
-                out += [(seq, pick), (seq, DONE)]
-                continue
+                return out + [(seq, pick), (seq, DONE)]
             token, logprob, top = pick
             seq.token_ids.append(token)
+            kept += 1
+            if draft:
+                seq.num_computed += 1  # the row that produced this token: its K/V are the sequence's now
             tok = GenToken(token, logprob, top, seq.policy_version,
-                           cached_tokens=seq.num_cached if seq.num_generated == 1 else None)
+                           cached_tokens=seq.num_cached if seq.num_generated == 1 else None,
+                           drafted=len(draft) if i == 0 else 0, accepted=i < len(draft) and token == draft[i])
             out.append((seq, tok))
             if (token in seq.params.stop_token_ids or seq.num_generated >= seq.params.max_tokens
                     or len(seq) >= self.max_model_len or seq.cancelled.is_set()):
+                if draft:
+                    self._verified(seq, draft, kept, picks)
                 if seq.params.return_routed_experts and not seq.cancelled.is_set():  # before its blocks are freed
                     tok.routed_experts = self.runner.routes_of(seq)
                 self._finish(seq)
                 out.append((seq, DONE))
-        self._emit_many(out)
+                return out
+        if draft:
+            self._verified(seq, draft, kept, picks)
+        return out
 
-    def _decode(self, batch: list[tuple[Sequence, int]]) -> list:
-        """The static decode step (forward and sampling on the device), as sample_batch's picks."""
-        return picks_of(self.runner.decode(batch), [s.params for s, _ in batch], [s.generator for s, _ in batch])
+    def _verified(self, seq: Sequence, draft: list[int], kept: int, picks: list) -> None:
+        self.blocks.register(seq)
+        accepted = sum(1 for i in range(min(kept, len(draft))) if picks[i][0] == draft[i])
+        self.spec.verified(seq, len(draft), accepted)
 
     def _finish(self, seq: Sequence) -> None:
+        if self.spec is not None and seq.spec is not None:
+            self.spec.finished(seq)
+        seq.draft = []
         self.scheduler.finish(seq)
         self.runner.forget(seq)
 
@@ -460,6 +520,23 @@ class NativeEngine(Engine):
             loop.call_soon_threadsafe(_put_all, puts)
 
 
+def _dequantize_experts(model, dtype: torch.dtype, budget: int = 2**30) -> bool:
+    """On a CPU, MXFP8 experts run torch's reference path, which dequantizes each expert a token picks at
+    every step (half of a float64 decode step; and verifying a draft picks more of them). Where the dense
+    copies are small (the built-in model's: 13 MiB in float64), hold them once: the same values, so the
+    same results bit for bit."""
+    from kernels import MXFP8Tensor
+
+    moes = [m for m in model.moe_layers() if isinstance(m.w13, MXFP8Tensor) and isinstance(m.w2, MXFP8Tensor)]
+    size = torch.empty(0, dtype=dtype).element_size()
+    need = sum((m.w13.data.numel() + m.w2.data.numel()) * size for m in moes)
+    if not moes or need > min(budget, _available_memory() // 8):
+        return False
+    for m in moes:
+        m.w13, m.w2 = m.w13.with_dense(dtype), m.w2.with_dense(dtype)
+    return True
+
+
 def _available_memory() -> int:
     """Bytes of memory a new allocation can take (Linux: MemAvailable, which counts reclaimable cache)."""
     try:
@@ -470,6 +547,16 @@ def _available_memory() -> int:
     except OSError:
         pass
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _split(rows: list[list[float]], seqs: list[Sequence]) -> list[list[list[float]]]:
+    """A step's rows, per sequence (1 + len(draft) each)."""
+    out, r = [], 0
+    for seq in seqs:
+        n = 1 + len(seq.draft)
+        out.append(rows[r : r + n])
+        r += n
+    return out
 
 
 def _put_all(puts: list[tuple[asyncio.Queue, object]]) -> None:

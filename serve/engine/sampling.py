@@ -181,25 +181,27 @@ def picks_of(rows: list[list[float]], params: list[SamplingParams], streams: lis
     out: list[Pick | Exception] = []
     for row, p, stream, matcher in zip(rows, params, streams, matchers or [None] * len(params), strict=True):
         stream.draws += 1
-        n = (len(row) - 3) // 2
-        token = int(row[0])
-        if row[2]:
-            out.append(RuntimeError("cannot sample: the logits are NaN or the grammar allows no token"))
-            continue
-        try:
-            if matcher is not None:
-                advance(matcher, token)
-        except Exception as e:  # noqa: BLE001 - that one request fails
-            out.append(e)
-            continue
-        if not p.logprobs:
-            out.append((token, None, None))
-            continue
-        k = min(p.top_logprobs, n)
-        top = [(int(t), lp) for t, lp in zip(row[3 : 3 + k], row[3 + n : 3 + n + k], strict=True)] \
-            if p.top_logprobs > 0 else None
-        out.append((token, row[1], top))
+        out.append(pick_of_row(row, p, matcher))
     return out
+
+
+def pick_of_row(row: list[float], p: SamplingParams, matcher=None) -> Pick | Exception:
+    """One `pack_picks` row as a Pick (advancing `matcher` by it), or the exception that fails its request."""
+    n = (len(row) - 3) // 2
+    token = int(row[0])
+    if row[2]:
+        return RuntimeError("cannot sample: the logits are NaN or the grammar allows no token")
+    try:
+        if matcher is not None:
+            advance(matcher, token)
+    except Exception as e:  # noqa: BLE001 - that one request fails
+        return e
+    if not p.logprobs:
+        return (token, None, None)
+    k = min(p.top_logprobs, n)
+    top = [(int(t), lp) for t, lp in zip(row[3 : 3 + k], row[3 + n : 3 + n + k], strict=True)] \
+        if p.top_logprobs > 0 else None
+    return (token, row[1], top)
 
 
 def sample_batch(logits_BV: torch.Tensor, params: list[SamplingParams], generators: list[SeedStream],

@@ -7,6 +7,8 @@ for it to drain, and a long prompt is prefilled in chunks between other sequence
 decode runs out of KV blocks, the most recently admitted sequence is preempted: its blocks are freed
 and it is recomputed later (its tokens, generated ones included, are kept). A sequence whose admission
 raises is set aside in `failed` for the engine to fail, so one bad request does not stop the step.
+A decoding sequence with a draft (serve/engine/speculation.py) computes its draft tokens too: they are
+trimmed to the budget, and dropped before anyone is preempted for their blocks.
 """
 
 from __future__ import annotations
@@ -68,7 +70,12 @@ class Scheduler:
                 break
             if seq not in self.running:  # preempted below
                 continue
-            n = min(len(seq) - seq.num_computed, budget)
+            if seq.draft:  # a verifying decode: its draft tokens too, as far as the budget goes
+                del seq.draft[max(budget - 1, 0):]
+            n = min(len(seq) - seq.num_computed + len(seq.draft), budget)
+            if seq.draft and not self.blocks.ensure(seq, seq.num_computed + n):
+                seq.draft = []  # memory is short: decode without the draft before preempting anyone
+                n = min(len(seq) - seq.num_computed, budget)
             while not self.blocks.ensure(seq, seq.num_computed + n):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -100,5 +107,6 @@ class Scheduler:
         self.running.remove(seq)
         self.blocks.free(seq)
         seq.num_computed = seq.num_cached = 0
+        seq.draft = []
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)

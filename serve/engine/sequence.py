@@ -38,6 +38,8 @@ class Sequence:
     generator: torch.Generator | None = None
     policy_version: int = 0  # stamped when the engine accepts it; weights never change under it
     matcher: Any = None  # its grammar's state (serve/structured.py), advanced by each sampled token
+    draft: list[int] = field(default_factory=list)  # tokens to verify after its last one this step
+    spec: Any = None  # its drafting state (serve/engine/drafter.py SeqDrafter), while speculation is on
 
     def __post_init__(self) -> None:
         self.num_prompt_tokens = self.num_prompt_tokens or len(self.token_ids)

@@ -17,6 +17,12 @@ Graphs are captured lazily, at the first step that needs a (size, mode), into on
 sizes are 1, 2, 4, 8 then every multiple of 8 up to max_num_seqs (vLLM's ladder). A weight reload gives
 the decoder a new model: the graphs of the old one are dropped and recaptured on demand.
 
+A step that verifies drafts (serve/engine/speculation.py) is this step with a row per token: a
+sequence's last token and then each draft token, at consecutive positions, sharing its block table;
+every row's K/V are written before attention reads, so each draft token sees those before it. The
+ladder of sizes then counts rows (up to max_num_seqs x (1 + draft tokens)), so verification is captured
+like decoding, and still one transfer each way.
+
 Limits: steps that mix prefill with decode, sequences with a grammar (structured output masks rows on
 the host) and batches past max_num_seqs take the eager path (ModelRunner.run). Graphs need every kernel
 of the forward to be capturable: MXFP8 experts through the Triton kernels are, and so are plain bf16
@@ -79,10 +85,11 @@ def _f32_bits(x: float) -> int:
 class StaticDecoder:
     def __init__(self, model: Qwen3MoeModel, kv: list[tuple[torch.Tensor, torch.Tensor]], routes: torch.Tensor | None,
                  block_size: int, max_num_seqs: int, max_blocks: int, pad_slot: int, device: torch.device,
-                 graphs: bool):
+                 graphs: bool, max_draft: int = 0):
         self.kv, self.routes, self.block_size, self.device = kv, routes, block_size, device
         self.pad_slot = pad_slot
-        self.sizes = capture_sizes(max_num_seqs)
+        # a row per token: max_num_seqs sequences, each with up to max_draft draft tokens when verifying
+        self.sizes = capture_sizes(max_num_seqs * (1 + max_draft))
         self.max_blocks = max_blocks
         b_max = self.sizes[-1]
         pinned = device.type == "cuda"
@@ -117,29 +124,31 @@ class StaticDecoder:
         return "decode steps: static buffers, no graphs"
 
     def eligible(self, batch: list[tuple[Sequence, int]]) -> bool:
-        """Every sequence decodes its next token (one token with context before it, sampled this step), none
-        has a grammar or asks more top logprobs than the API allows, and the batch fits the largest size."""
-        if not batch or len(batch) > self.sizes[-1]:
+        """Every sequence decodes its next token (one token with context before it, sampled this step) or
+        verifies a draft after it, none has a grammar or asks more top logprobs than the API allows, and
+        the rows fit the largest size."""
+        if not batch or sum(n for _, n in batch) > self.sizes[-1]:
             return False
         for seq, n in batch:
-            if n != 1 or seq.num_computed == 0 or seq.num_computed + 1 != len(seq) or seq.matcher is not None \
-                    or seq.params.top_logprobs > TOP_LOGPROBS_MAX:
+            if n != 1 + len(seq.draft) or seq.num_computed == 0 or seq.num_computed + 1 != len(seq) \
+                    or seq.matcher is not None or seq.params.top_logprobs > TOP_LOGPROBS_MAX:
                 return False
         return True
 
     # -- one step -----------------------------------------------------------------------------------
 
     def step(self, seqs: list[Sequence]) -> list[list[float]]:
-        """Decode one token for each sequence; returns its `pack_picks` row, in order (sampling.picks_of
-        makes them picks and advances the sequences' streams)."""
+        """Decode one token for each sequence (and its draft's rows after it when it has one); returns each
+        row's `pack_picks` row, in order (sampling.picks_of or speculation.walk make them picks and advance
+        the sequences' streams)."""
         size, mode = self.prepare(seqs)
         out = self._replay(size, mode) if self.capturable else self._compute(size, mode)
-        return self.finish(out, len(seqs))
+        return self.finish(out, sum(1 + len(s.draft) for s in seqs))
 
     def prepare(self, seqs: list[Sequence]) -> tuple[int, Mode]:
         """Host side: fill the host buffer, padded to the next captured size, and copy it to the device in
         one transfer. Returns (padded size, mode)."""
-        B = len(seqs)
+        B = sum(1 + len(s.draft) for s in seqs)
         size = self.sizes[bisect_left(self.sizes, B)]
         params = [s.params for s in seqs]
         mode = Mode(sampled=any(p.temperature >= GREEDY_BELOW for p in params), filtered=needs_filter(params),
@@ -160,16 +169,20 @@ class StaticDecoder:
         b_max, bs = self.sizes[-1], self.block_size
         fields = self.host_np[: FIELDS * b_max].reshape(FIELDS, b_max)
         tables = self.host_np[FIELDS * b_max :].reshape(b_max, self.max_blocks)
-        for row, seq in enumerate(seqs):
+        row = 0
+        for seq in seqs:
             p, stream = seq.params, seq.generator
             assert isinstance(stream, SeedStream)
             lo, hi = stream.halves
-            pos = len(seq) - 1
-            slot = seq.block_table[pos // bs] * bs + pos % bs
-            fields[:, row] = (seq.token_ids[-1], pos, slot, len(seq), min(p.top_k, 2**31 - 1), _i32(lo), _i32(hi),
-                              _i32(stream.draws & 0xFFFFFFFF), _f32_bits(p.temperature), _f32_bits(p.top_p))
-            tables[row, : len(seq.block_table)] = seq.block_table
-        fields[:, len(seqs) : size] = np.array(self._pad_row, dtype=np.int32)[:, None]
+            # the last token, then the draft's: row i at position len - 1 + i, drawing draw number draws + i
+            for i, tok in enumerate([seq.token_ids[-1], *seq.draft]):
+                pos = len(seq) - 1 + i
+                slot = seq.block_table[pos // bs] * bs + pos % bs
+                fields[:, row] = (tok, pos, slot, pos + 1, min(p.top_k, 2**31 - 1), _i32(lo), _i32(hi),
+                                  _i32((stream.draws + i) & 0xFFFFFFFF), _f32_bits(p.temperature), _f32_bits(p.top_p))
+                tables[row, : len(seq.block_table)] = seq.block_table
+                row += 1
+        fields[:, row:size] = np.array(self._pad_row, dtype=np.int32)[:, None]
 
     def _compute(self, size: int, mode: Mode) -> torch.Tensor:
         """The step's device work for `size` rows, reading only the device buffer: what a graph captures."""

@@ -9,6 +9,7 @@ needs sm_100 (Blackwell), so on Hopper `--quant mxfp8` becomes vLLM's FP8 (`--qu
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -35,7 +36,8 @@ def vllm_quantization(quant: str, capability: tuple[int, int] | None) -> str | N
 
 def vllm_command(model: str, *, host: str, port: int, served_name: str, tool_format: str, reasoning: bool,
                  dtype: str = "auto", quant: str = "none", max_model_len: int | None = None,
-                 capability: tuple[int, int] | None = None, executable: list[str] | None = None) -> list[str]:
+                 capability: tuple[int, int] | None = None, executable: list[str] | None = None,
+                 speculative: str = "off", num_speculative_tokens: int = 8) -> list[str]:
     cmd = list(executable or ["vllm"]) + ["serve", model, "--host", host, "--port", str(port),
                                           "--served-model-name", served_name, "--enable-auto-tool-choice",
                                           "--tool-call-parser", TOOL_PARSERS[tool_format]]
@@ -48,6 +50,9 @@ def vllm_command(model: str, *, host: str, port: int, served_name: str, tool_for
     q = vllm_quantization(quant, capability)
     if q:
         cmd += ["--quantization", q]
+    if speculative != "off":  # vLLM's own drafters of the same names (suffix needs arctic-inference there)
+        cmd += ["--speculative-config", json.dumps({"method": speculative,
+                                                    "num_speculative_tokens": num_speculative_tokens})]
     return cmd
 
 

@@ -1,0 +1,248 @@
+"""Drafts for speculative decoding from text the server already has: no second model.
+
+Agent output is mostly copies: an edit's `old_string` repeats lines the model just read, `new_string`
+repeats most of them again, paths and identifiers recur across turns, and an RL group's samples share
+most of their answers. So the next tokens are usually a continuation of some earlier occurrence of
+the sequence's last few tokens, in its own prompt and output or in a recent request's output.
+
+`SuffixIndex` finds those occurrences: a token store with, for every position, the pair of tokens
+before it as a key (a suffix tree cut at depth 2, kept as positions). A query takes the positions after
+the context's last two tokens, extends each match backwards (up to MAX_MATCH tokens) to find the
+longest suffix of the context that occurs before, and reads what followed each of its occurrences:
+their continuations form the frequency tree a suffix tree's node holds below the match. The draft
+follows the most frequent branch; each token's confidence is its share of the occurrences still
+agreeing, so text seen once proposes with less weight than text that recurs. Indexing is one dict
+append per token (a 16k-token prompt in ~5 ms), which is why it is positions and not a built tree:
+building a tree per request cost more than every query it answered.
+
+Two sources feed a sequence's draft: its own prompt and output (`SeqDrafter`, grown as tokens come)
+and `DraftCache`, the outputs of recent finished requests (each with the prompt tail before it), bound
+by a token budget and kept per scope (a tenant's API key), so one user's text never drafts another's.
+The draft with more expected accepted tokens wins. `method="ngram"` is prompt lookup, the simple
+baseline: the sequence's own text only, the most recent occurrence of the longest match, no
+frequencies.
+
+How many tokens to verify is decided per batch by `plan` (serve/engine/speculation.py).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+MIN_MATCH = 2  # context tokens that must match before anything is proposed
+MAX_MATCH = 24  # how far back a match is extended (longer matches are not more telling)
+MAX_CANDIDATES = 48  # most recent occurrences of the context's last pair considered per query
+SEPARATOR = -1  # between documents in a store: no match or continuation crosses it
+
+
+@dataclass
+class Proposal:
+    """Up to k draft tokens; `confidence[i]`: the share of the matched occurrences that continued with
+    tokens[i], among those that agreed up to it (1.0 for a single occurrence)."""
+
+    tokens: list[int] = field(default_factory=list)
+    confidence: list[float] = field(default_factory=list)
+    match: int = 0  # length of the context suffix that matched
+
+    def expected(self) -> float:
+        """Expected accepted tokens if every confidence were the acceptance probability."""
+        total, p = 0.0, 1.0
+        for c in self.confidence:
+            p *= c
+            total += p
+        return total
+
+
+METHODS = ("suffix", "ngram", "off")
+DEFAULT_TOKENS = 8
+"""Draft tokens per sequence at most (--num-speculative-tokens): measured on the edit-heavy replay of
+bench/spec.py (BENCHMARKS.md, "Speculative decoding")."""
+DEFAULT_CACHE_TOKENS = 1 << 18
+"""Tokens of recent outputs kept for drafting, over all tenants (~64 bytes each)."""
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    method: str = "off"
+    """suffix: the sequence's own text and recent requests' outputs, frequency-weighted; ngram: prompt
+    lookup in the sequence's own text; off."""
+    num_tokens: int = DEFAULT_TOKENS
+    """Most draft tokens one sequence verifies in one step."""
+    cache_tokens: int = DEFAULT_CACHE_TOKENS
+    """Budget of the cross-request cache (suffix only; 0: none)."""
+    adaptive: bool = True
+    """Draft only where verifying is expected to pay (the step cost model); False: verify every proposal
+    up to num_tokens (for measuring acceptance, and tests that must see drafts whatever the timings)."""
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"speculative method must be one of {', '.join(METHODS)}, not {self.method!r}")
+        if not 1 <= self.num_tokens <= 64:
+            raise ValueError(f"num_speculative_tokens must be between 1 and 64, not {self.num_tokens}")
+        if self.cache_tokens < 0:
+            raise ValueError(f"the speculative cache's token budget must be >= 0, not {self.cache_tokens}")
+
+    @property
+    def on(self) -> bool:
+        return self.method != "off"
+
+
+class SuffixIndex:
+    """A token store searchable by suffix (module docstring). Append-only; positions are absolute so a
+    bounded store can drop its oldest tokens (`trim`) without renumbering."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.offset = 0  # absolute position of tokens[0]
+        self.after: dict[tuple[int, int], list[int]] = {}  # (t[i-2], t[i-1]) -> absolute positions i
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def extend(self, new: list[int]) -> None:
+        toks, after = self.tokens, self.after
+        for t in new:
+            n = len(toks)
+            if n >= 2 and toks[n - 1] != SEPARATOR and toks[n - 2] != SEPARATOR:
+                key = (toks[n - 2], toks[n - 1])
+                lst = after.get(key)
+                if lst is None:
+                    after[key] = [n + self.offset]
+                else:
+                    lst.append(n + self.offset)
+            toks.append(t)
+
+    def trim(self, keep: int) -> None:
+        """Drop the oldest tokens, keeping the last `keep`; index entries are rebuilt (amortised: callers
+        trim when the store has grown well past its budget)."""
+        drop = len(self.tokens) - keep
+        if drop <= 0:
+            return
+        kept = self.tokens[drop:]
+        self.tokens, self.offset, self.after = [], self.offset + drop, {}
+        self.extend(kept)
+
+    def propose(self, context: list[int], k: int, frequency: bool = True, start: int = 0) -> Proposal:
+        """Up to k tokens continuing `context`, whose last MIN_MATCH.. tokens are matched against the store
+        (the context may be the store's own text: its own end is not in the index yet, so it never
+        matches itself). Occurrences before absolute position `start` are left out (evicted text)."""
+        if k <= 0 or len(context) < MIN_MATCH:
+            return Proposal()
+        cands = self.after.get((context[-2], context[-1]))
+        if not cands:
+            return Proposal()
+        toks, off, n_ctx = self.tokens, self.offset, len(context)
+        best, matched = 0, []
+        # most recent first; a candidate index i has toks[i-2:i] == context[-2:]
+        for p in cands[: -MAX_CANDIDATES - 1 : -1]:
+            if p < start + 2:  # evicted (or its match would start in evicted text)
+                break
+            i = p - off
+            m, limit = MIN_MATCH, min(MAX_MATCH, n_ctx, i)
+            while m < limit and toks[i - m - 1] == context[-m - 1] and toks[i - m - 1] != SEPARATOR:
+                m += 1
+            if m > best:
+                best, matched = m, [i]
+            elif m == best:
+                matched.append(i)
+        if not matched:
+            return Proposal()
+        if not frequency:  # prompt lookup: the most recent occurrence of the longest match
+            out = _take(toks, matched[0], k)
+            return Proposal(out, [1.0] * len(out), best)
+        return _frequent_path(toks, matched, k, best)
+
+
+def _take(toks: list[int], i: int, k: int) -> list[int]:
+    out = toks[i : i + max(k, 0)]
+    if SEPARATOR in out:
+        out = out[: out.index(SEPARATOR)]
+    return out
+
+
+def _frequent_path(toks: list[int], starts: list[int], k: int, match: int) -> Proposal:
+    """Follow the most frequent continuation of the occurrences starting at `starts`."""
+    prop = Proposal(match=match)
+    live, end, depth = starts, len(toks), 0
+    while live and depth < k:
+        counts: dict[int, int] = {}
+        for i in live:
+            if i + depth < end and (t := toks[i + depth]) != SEPARATOR:
+                counts[t] = counts.get(t, 0) + 1
+        if not counts:
+            break
+        tok, c = max(counts.items(), key=lambda kv: kv[1])
+        prop.tokens.append(tok)
+        prop.confidence.append(c / len(live))
+        live = [i for i in live if i + depth < end and toks[i + depth] == tok]
+        depth += 1
+    return prop
+
+
+class DraftCache:
+    """Recent requests' outputs per scope, for other requests' drafts. Bounded by `max_tokens` over all
+    scopes together: the oldest documents go first (a scope's store is compacted once half of it is
+    evicted, so it holds at most twice its live tokens)."""
+
+    PROMPT_TAIL = 8  # prompt tokens kept before each output: its first tokens follow them
+
+    def __init__(self, max_tokens: int):
+        self.max_tokens = max_tokens
+        self.stores: dict[str, SuffixIndex] = {}
+        self.dead: dict[str, int] = {}  # per scope: evicted tokens still in its store
+        self.docs: deque[tuple[str, int]] = deque()  # (scope, tokens), oldest first
+        self.size = 0
+
+    def add(self, scope: str, prompt_tail: list[int], output: list[int]) -> None:
+        if self.max_tokens <= 0 or not output:
+            return
+        doc = (list(prompt_tail[-self.PROMPT_TAIL:]) + list(output))[-(self.max_tokens - 1):] + [SEPARATOR]
+        self.stores.setdefault(scope, SuffixIndex()).extend(doc)
+        self.docs.append((scope, len(doc)))
+        self.size += len(doc)
+        while self.size > self.max_tokens:
+            s, n = self.docs.popleft()
+            self.size -= n
+            self.dead[s] = self.dead.get(s, 0) + n
+            live = len(self.stores[s]) - self.dead[s]
+            if live <= 0:
+                del self.stores[s], self.dead[s]
+            elif self.dead[s] > live:
+                self.stores[s].trim(live)
+                self.dead[s] = 0
+
+    def propose(self, scope: str, context: list[int], k: int) -> Proposal:
+        store = self.stores.get(scope)
+        if store is None:
+            return Proposal()
+        return store.propose(context, k, start=store.offset + self.dead.get(scope, 0))
+
+    def held_tokens(self) -> int:
+        return sum(len(s) for s in self.stores.values())
+
+
+class SeqDrafter:
+    """One sequence's own text (prompt and output so far), indexed as it grows, and its acceptance."""
+
+    __slots__ = ("index", "accept_rate", "drafted", "accepted", "scope", "prompt_len")
+
+    def __init__(self, token_ids: list[int], scope: str, prompt_len: int):
+        self.index = SuffixIndex()
+        self.index.extend(token_ids)
+        self.accept_rate = 0.8  # per drafted token, recent (an exponential average)
+        self.drafted = self.accepted = 0
+        self.scope = scope
+        self.prompt_len = prompt_len
+
+    def sync(self, token_ids: list[int]) -> None:
+        if len(token_ids) > len(self.index):
+            self.index.extend(token_ids[len(self.index):])
+
+    def record(self, drafted: int, accepted: int) -> None:
+        if drafted:
+            self.drafted += drafted
+            self.accepted += accepted
+            rate = accepted / drafted
+            w = min(0.5, drafted / 8)  # a longer verification says more
+            self.accept_rate = (1 - w) * self.accept_rate + w * rate

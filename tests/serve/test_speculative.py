@@ -1,0 +1,150 @@
+"""Speculative decoding in the native engine (serve/engine/speculation.py): whatever is drafted, a request
+gets what it gets without speculation: the same greedy tokens, the same seeded samples, the same logprobs,
+stop and length handling, routed experts; rejected draft tokens leave nothing in the prefix cache."""
+
+from __future__ import annotations
+
+import asyncio
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Tokenizer
+
+from serve.cli import BUILTIN_DIR
+from serve.engine.base import SamplingParams
+from serve.engine.native import EngineConfig, NativeEngine
+
+SOURCE = Path(textwrap.__file__).read_text()
+
+
+def prompts() -> list[list[int]]:
+    """Real code (the standard library's textwrap), which repeats itself: drafts get proposed and tested."""
+    tok = Tokenizer.from_file(str(BUILTIN_DIR / "tokenizer.json"))
+    ids = tok.encode(SOURCE[:6000]).ids
+    return [ids[:300], ids[100:700], ids[40:90] * 3, ids[500:520]]
+
+
+def run_all(engine: NativeEngine, ps: list[list[int]], params: SamplingParams) -> list[list]:
+    async def one(p):
+        return [t async for t in engine.generate(p, params)]
+
+    async def main():
+        return await asyncio.gather(*(one(p) for p in ps))
+
+    return asyncio.run(main())
+
+
+@pytest.fixture(scope="module")
+def engines():
+    made = {}
+    for spec in ("off", "suffix", "ngram"):
+        # every proposal verified (not only where the timings say it pays): each test sees drafts rejected
+        # and accepted, whatever the machine's load
+        made[spec] = NativeEngine(str(BUILTIN_DIR), EngineConfig(dtype="float64", speculative=spec, max_num_seqs=8,
+                                                                 num_speculative_tokens=6, speculative_adaptive=False))
+    yield made
+    for e in made.values():
+        asyncio.run(e.stop())
+
+
+PARAMS = [
+    SamplingParams(max_tokens=60, temperature=0.0, logprobs=True, top_logprobs=3, return_routed_experts=True),
+    SamplingParams(max_tokens=60, temperature=1.0, seed=7, logprobs=True),
+    SamplingParams(max_tokens=60, temperature=0.8, top_p=0.9, top_k=40, seed=3),
+    SamplingParams(max_tokens=13, temperature=0.0),
+]
+
+
+@pytest.mark.parametrize("params", PARAMS, ids=["greedy-logprobs-routes", "seeded", "top-p-top-k", "max-tokens"])
+@pytest.mark.parametrize("spec", ["suffix", "ngram"])
+def test_speculation_changes_nothing_a_request_gets(engines, spec, params):
+    before = engines[spec].spec.drafted
+    want = run_all(engines["off"], prompts(), params)
+    got = run_all(engines[spec], prompts(), params)
+    assert engines[spec].spec.drafted > before, "nothing was drafted: the test would prove nothing"
+    for w_seq, g_seq in zip(want, got, strict=True):
+        assert [t.id for t in g_seq] == [t.id for t in w_seq]
+        assert len(g_seq) == min(params.max_tokens, len(w_seq))
+        for w, g in zip(w_seq, g_seq, strict=True):
+            if params.logprobs:
+                assert g.logprob == pytest.approx(w.logprob, abs=1e-9)
+            if params.top_logprobs:
+                assert [t for t, _ in g.top] == [t for t, _ in w.top]
+        if params.return_routed_experts:
+            assert torch.equal(g_seq[-1].routed_experts, w_seq[-1].routed_experts)
+
+
+def test_accepted_drafts_are_reported_on_the_tokens(engines):
+    got = run_all(engines["suffix"], [prompts()[2]], SamplingParams(max_tokens=60, temperature=0.0))[0]
+    drafted = sum(t.drafted for t in got)
+    accepted = sum(t.accepted for t in got)
+    assert drafted > 0 and 0 < accepted <= drafted
+    stats = engines["suffix"].stats()
+    assert stats.spec_drafted >= drafted and stats.spec_accepted >= accepted and stats.spec_verifies > 0
+
+
+def test_rejected_draft_tokens_never_reach_the_prefix_cache():
+    """Every block the prefix cache holds is a block of tokens a sequence really had (a fresh engine, so
+    nothing else was ever cached)."""
+    eng = NativeEngine(str(BUILTIN_DIR), EngineConfig(dtype="float64", speculative="suffix", max_num_seqs=8,
+                                                      speculative_adaptive=False))
+    try:
+        params = SamplingParams(max_tokens=60, temperature=1.0, seed=11)
+        outs = run_all(eng, prompts(), params)
+        assert eng.stats().spec_drafted > eng.stats().spec_accepted > 0  # drafts were accepted and rejected
+        real = [p + [t.id for t in out] for p, out in zip(prompts(), outs, strict=True)]
+        bs = eng.config.block_size
+        blocks = {tuple(seq[i : i + bs]) for seq in real for i in range(0, len(seq) - bs + 1, bs)}
+        cached = [b.tokens for b in eng.blocks.blocks if b.hash is not None]
+        assert len(cached) > 20
+        assert all(tokens in blocks for tokens in cached)
+    finally:
+        asyncio.run(eng.stop())
+
+
+def test_a_later_request_sharing_the_prefix_gets_the_same_tokens(engines):
+    """A follow-up turn (prompt = earlier prompt + its answer + more) through the prefix cache the first
+    turn filled with speculation: the same tokens as without speculation."""
+    first = prompts()[1]
+    params = SamplingParams(max_tokens=40, temperature=0.0)
+    answers = {k: [t.id for t in run_all(engines[k], [first], params)[0]] for k in ("off", "suffix")}
+    assert answers["off"] == answers["suffix"]
+    follow = first + answers["off"] + prompts()[3]
+    got = {k: [t.id for t in run_all(engines[k], [follow], params)[0]] for k in ("off", "suffix")}
+    assert got["off"] == got["suffix"]
+    assert engines["suffix"].stats().prefix_cache_hits > 0
+
+
+def test_a_scope_never_drafts_from_another_scopes_outputs(engines):
+    eng = engines["suffix"]
+    run_all(eng, [prompts()[0]], SamplingParams(max_tokens=30, temperature=0.0, draft_scope="alice"))
+    stores = eng.spec.cache.stores
+    assert "alice" in stores
+    alice = stores["alice"].tokens
+    assert eng.spec.cache.propose("bob", alice[-20:-10], 5).tokens == []
+    assert eng.spec.cache.propose("alice", alice[-20:-10], 5).tokens
+
+
+def test_the_static_step_verifies_drafts_with_the_eager_tokens(tiny_hermes):
+    """The GPU's static step (run here without capture) verifies drafts as rows of the decode step: same
+    tokens and logprobs as an engine that never speculates."""
+    cfg = dict(dtype="float32", max_model_len=256, max_num_seqs=4)
+    plain = NativeEngine(str(tiny_hermes), EngineConfig(static_decode=False, **cfg))
+    static = NativeEngine(str(tiny_hermes), EngineConfig(static_decode=True, speculative="suffix",
+                                                         speculative_adaptive=False, **cfg))
+    try:
+        g = torch.Generator().manual_seed(5)
+        base = torch.randint(3, 1000, (12,), generator=g).tolist()
+        ps = [base * 4, base[3:] * 3, torch.randint(3, 1000, (20,), generator=g).tolist()]
+        for params in (SamplingParams(max_tokens=30, temperature=0.0, logprobs=True),
+                       SamplingParams(max_tokens=30, temperature=1.0, seed=4, logprobs=True)):
+            want, got = run_all(plain, ps, params), run_all(static, ps, params)
+            assert [[t.id for t in s] for s in got] == [[t.id for t in s] for s in want]
+            for gs, ws in zip(got, want, strict=True):
+                assert [t.logprob for t in gs] == pytest.approx([t.logprob for t in ws], abs=1e-4)
+        assert static.runner.static.steps > 0 and static.spec.drafted > 0
+    finally:
+        asyncio.run(plain.stop())
+        asyncio.run(static.stop())
