@@ -1,6 +1,6 @@
 """What one decode step dispatches along the GPU code path, counted on any machine.
 
-    TRITON_INTERPRET=1 python bench/decode_ops.py [--batch 2] [--json]
+    TRITON_INTERPRET=1 python bench/decode_ops.py [--batch 2] [--draft 0] [--json]
 
 Builds a small Qwen3-MoE with random weights (MXFP8 experts; no C++ CPU kernels, no oneDNN packing: the
 code a GPU runs), prefills a few sequences, then runs decode steps of both paths under
@@ -44,13 +44,13 @@ SMALL = dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", voca
 BLOCK = 4
 
 
-def build(config: dict, quant: str, batch: int, device: str, dtype: torch.dtype = torch.float32):
+def build(config: dict, quant: str, batch: int, device: str, dtype: torch.dtype = torch.float32, draft: int = 0):
     folder = Path(tempfile.mkdtemp())
     (folder / "config.json").write_text(json.dumps(config))
     model = random_model(folder, device=device, dtype=dtype, quant=quant)
     blocks = BlockManager(64, BLOCK, prefix_caching=False)
     runner = ModelRunner(model, 64, BLOCK, torch.device(device), dtype, None,
-                         StaticConfig(max_num_seqs=max(batch, 2), max_model_len=128, graphs=False))
+                         StaticConfig(max_num_seqs=max(batch, 2), max_model_len=128, graphs=False, max_draft=draft))
     return model, blocks, runner
 
 
@@ -69,16 +69,25 @@ def prefill(blocks: BlockManager, runner: ModelRunner, batch: int, vocab: int) -
     return seqs
 
 
-def step(path: str, blocks: BlockManager, runner: ModelRunner, seqs: list[Sequence], strict: bool) -> OpCounter:
-    """One decode step of every sequence, counted; then the sequences move on by the token drawn."""
+def step(path: str, blocks: BlockManager, runner: ModelRunner, seqs: list[Sequence], strict: bool,
+         draft: int = 0) -> OpCounter:
+    """One decode step of every sequence (verifying a `draft`-token draft each, on the static path),
+    counted; then the sequences move on by the token drawn after their last one."""
     for seq in seqs:
-        assert blocks.ensure(seq, len(seq))
-    batch = [(seq, 1) for seq in seqs]
+        seq.draft = [(seq.token_ids[-1] + 1 + i) % 97 + 1 for i in range(draft)] if path == "static" else []
+        assert blocks.ensure(seq, len(seq) + len(seq.draft))
+    batch = [(seq, 1 + len(seq.draft)) for seq in seqs]
     counter = OpCounter(strict=strict)
     if path == "static":
         with counter:
             out = runner.static._compute(*runner.static.prepare(seqs))
-        picks = picks_of(runner.static.finish(out, len(seqs)), [s.params for s in seqs], [s.generator for s in seqs])
+        rows = runner.static.finish(out, sum(n for _, n in batch))
+        firsts, r = [], 0
+        for seq in seqs:  # the draft is not followed: the sequence moves on by its last token's pick
+            firsts.append(rows[r])
+            r += 1 + len(seq.draft)
+            seq.draft = []
+        picks = picks_of(firsts, [s.params for s in seqs], [s.generator for s in seqs])
     else:
         with counter:
             _, logits = runner.run(batch)
@@ -90,15 +99,15 @@ def step(path: str, blocks: BlockManager, runner: ModelRunner, seqs: list[Sequen
 
 
 def measure(path: str, config: dict, quant: str, batch: int, steps: int, device: str,
-            dtype: torch.dtype = torch.float32) -> dict:
+            dtype: torch.dtype = torch.float32, draft: int = 0) -> dict:
     """Counts of one decode step (the last of `steps`), per layer and outside, and shape staticness."""
     layers = config["num_hidden_layers"]
     totals, counters, signatures = {}, {}, []
     for n_layers in (layers, 1):
-        model, blocks, runner = build(dict(config, num_hidden_layers=n_layers), quant, batch, device, dtype)
+        model, blocks, runner = build(dict(config, num_hidden_layers=n_layers), quant, batch, device, dtype, draft)
         seqs = prefill(blocks, runner, batch, config["vocab_size"])
         for _ in range(steps):
-            c = step(path, blocks, runner, seqs, strict=False)
+            c = step(path, blocks, runner, seqs, strict=False, draft=draft)
             if n_layers == layers:
                 signatures.append(c.signature)
         totals[n_layers], counters[n_layers] = c.total, c
@@ -108,7 +117,7 @@ def measure(path: str, config: dict, quant: str, batch: int, steps: int, device:
     layer_ops = {k: (full.ops[k] - one.ops[k]) / (layers - 1) for k in full.ops if full.ops[k] != one.ops[k]}
     layer_ops.update({f"launch:{k}": (full.launches[k] - one.launches[k]) / (layers - 1) for k in full.launches
                       if full.launches[k] != one.launches[k]})
-    return {"path": path, "batch": batch, "kernels_per_layer": per_layer, "launches_per_layer": launches,
+    return {"path": path, "batch": batch, "draft": draft if path == "static" else 0, "kernels_per_layer": per_layer, "launches_per_layer": launches,
             "outside_layers": totals[1] - per_layer, "step_total": totals[layers], "syncs": dict(full.syncs),
             "static_shapes": all(s == signatures[0] for s in signatures), "layer_ops": layer_ops}
 
@@ -121,14 +130,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                     help="the model's dtype (bfloat16 adds the casts a bf16 model does)")
+    ap.add_argument("--draft", type=int, default=0,
+                    help="static path: each sequence verifies a draft of this many tokens (speculative decoding's "
+                         "verify step: a row per token)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = ap.parse_args(argv)
     dtype = getattr(torch, args.dtype)
-    results = [measure(p, SMALL, args.quant, args.batch, args.steps, args.device, dtype) for p in ("static", "eager")]
+    results = [measure(p, SMALL, args.quant, args.batch, args.steps, args.device, dtype, args.draft)
+               for p in ("static", "eager")]
     if args.json:
         print(json.dumps(results))
         return 0
-    print(f"decode step, batch {args.batch}, {SMALL['num_hidden_layers']} layers, {args.dtype}, experts {args.quant}, "
+    print(f"decode step, batch {args.batch}{f' verifying {args.draft} draft tokens each' if args.draft else ''}, {SMALL['num_hidden_layers']} layers, {args.dtype}, experts {args.quant}, "
           f"{args.device}{' (Triton interpreter)' if _interpreting() else ''}")
     print(f"{'path':8} {'kernels/layer':>13} {'launches/layer':>14} {'outside':>8} {'syncs':>6}  static shapes")
     for r in results:

@@ -57,11 +57,14 @@ def start_server(model: Path, *args: str, timeout: float = 120) -> Server:
             break
     else:
         raise RuntimeError("composer-serve exited:\n" + "".join(lines))
-    threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # keep the pipe drained
+    # keep the pipe drained, and what it said (the log) for tests that read it
+    threading.Thread(target=lambda: [lines.append(line) for line in proc.stdout], daemon=True).start()
     while time.monotonic() < deadline:
         try:
             if httpx.get(base.removesuffix("/v1") + "/health", timeout=1).status_code == 200:
-                return Server(proc, base)
+                srv = Server(proc, base)
+                srv.lines = lines
+                return srv
         except httpx.HTTPError:
             time.sleep(0.1)
     proc.kill()

@@ -128,6 +128,20 @@ def test_kernels_per_layer_stay_within_budget(decode_ops):
     assert static["kernels_per_layer"] < decode_ops["eager"]["kernels_per_layer"] / 2
 
 
+@pytest.mark.slow
+def test_the_verify_step_is_the_decode_step_with_a_row_per_token():
+    """Speculative decoding's verify step (two sequences, three draft tokens each: eight rows) along the GPU
+    code path, under the interpreter: no host synchronisation, static shapes (a graph per row count holds
+    it), and the decode step's kernels per layer, no more."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "decode_ops.py"), "--json", "--batch", "2", "--draft", "3"],
+                         capture_output=True, text=True, env=env, timeout=240, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    static = next(r for r in json.loads(out.stdout.strip().splitlines()[-1]) if r["path"] == "static")
+    assert static["draft"] == 3 and static["syncs"] == {} and static["static_shapes"]
+    assert static["kernels_per_layer"] <= KERNELS_PER_LAYER_BUDGET, static["layer_ops"]
+
+
 @pytest.mark.gpu
 def test_cuda_graphs_replay_the_eager_tokens(tiny_hermes):
     """On a GPU: graph replays give the tokens of the same static step run without capture."""
