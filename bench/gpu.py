@@ -22,6 +22,9 @@ the rest; budgets are checked between measurements):
 - profile: torch.profiler on the engine thread over decode steps at batch 1 and 32 (default and eager
   engines, MXFP8): kernel launches, CUDA graph launches, GPU kernels run, host synchronisations and copies
   (H2D/D2H/D2D) per step, and the kernels that take the most GPU time.
+- spec: speculative decoding's verify step (bench/gpu_spec.py): step time for 1..16 query tokens per
+  sequence at batch 1/8/32 (MXFP8 experts, CUDA graphs), and the speedup projected from the acceptance
+  bench/spec.py measured on the CPU replay of real agent traffic (random weights accept nothing).
 - kernels: bench/kernels.py's quantizer and MoE layer tables (its functions), tokens 1..4096.
 - train: the trainer's expert backward (grouped GEMMs, kernels/moe_grouped.py) against autograd through the
   reference on this device, then one RL step at the 4-layer Qwen3-30B-A3B shape, 8 x 2,048 tokens, half
@@ -73,22 +76,23 @@ from serve.engine.native import EngineConfig, NativeEngine  # noqa: E402
 from serve.engine.parity import forced_logits  # noqa: E402
 from serve.model.config import QWEN3_30B_A3B  # noqa: E402
 
-SECTIONS = ("parity", "decode", "hf", "profile", "kernels", "train", "tests")
+SECTIONS = ("parity", "decode", "hf", "profile", "spec", "kernels", "train", "tests")
 REDUCED = dict(vocab_size=1024, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
                num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=2)
 # Seconds per section on a GPU; the decode section's includes the profile (they share the engines).
 # Sized from the probe that measured the first GPU figures (one H200); the whole run took 143 s there
 # on 2026-11-27 before the tests section.
-GPU_BUDGETS = {"parity": 50, "decode-mxfp8": 125, "decode-none": 70, "hf": 50, "kernels": 45, "train": 60,
+GPU_BUDGETS = {"parity": 50, "decode-mxfp8": 125, "decode-none": 70, "hf": 50, "spec": 80, "kernels": 45, "train": 60,
                "tests": 100}
-CPU_BUDGETS = {"parity": 30, "decode-mxfp8": 50, "decode-none": 20, "hf": 15, "kernels": 15, "train": 30,
+CPU_BUDGETS = {"parity": 30, "decode-mxfp8": 50, "decode-none": 20, "hf": 15, "spec": 30, "kernels": 15, "train": 30,
                "tests": 60}
 # The test files whose GPU paths only a GPU runs (CUDA-only tests, the Triton kernels compiled for the device);
 # on a CPU the section runs the first alone, to check that the section works.
 GPU_TEST_FILES = ("tests/kernels/test_backend.py", "tests/kernels/test_moe.py", "tests/kernels/test_mxfp8.py",
                   "tests/kernels/test_mxfp8_linear.py", "tests/kernels/test_moe_align.py",
                   "tests/kernels/test_moe_grouped.py", "tests/kernels/test_fused.py",
-                  "tests/kernels/test_paged_attention_triton.py", "tests/serve/test_static_decode.py")
+                  "tests/kernels/test_paged_attention_triton.py", "tests/serve/test_static_decode.py",
+                  "tests/serve/test_speculative.py")
 WARM_STEPS = 2  # decode steps dropped at each batch: first replays, allocator growth
 
 
@@ -339,7 +343,7 @@ def run_requests(engine: NativeEngine, prompts: list[list[int]], max_tokens: int
 
 
 def make_engine(model_dir: Path, plan: Plan, quant: str, eager: bool, max_seqs: int, kv_tokens: int,
-                model=None) -> NativeEngine:
+                model=None, spec_tokens: int = 0) -> NativeEngine:
     """A dummy-weight engine (load_format="dummy"); with `model`, that one instead of drawing a new one."""
     import serve.engine.native as native
     import serve.model.dummy as dummy
@@ -347,7 +351,8 @@ def make_engine(model_dir: Path, plan: Plan, quant: str, eager: bool, max_seqs: 
     # static_decode: the GPU's decode step (on a CPU too, without graphs, so the reduced run exercises it)
     config = EngineConfig(device=plan.device, dtype="bfloat16", quant=quant, load_format="dummy",
                           static_decode=True, enforce_eager=eager, max_num_seqs=max_seqs, kv_cache_tokens=kv_tokens,
-                          max_batched_tokens=max(plan.prefill, 2048), max_model_len=plan.prefill + 1024)
+                          max_batched_tokens=max(plan.prefill, 2048), max_model_len=plan.prefill + 1024,
+                          **(dict(speculative="suffix", num_speculative_tokens=spec_tokens) if spec_tokens else {}))
     if model is None:
         return NativeEngine(str(model_dir), config)
     # the engine imports random_model when it loads; patched where it may have been imported from too
@@ -764,6 +769,36 @@ def section_hf(plan: Plan, report: Report, deadline: float) -> None:
            ("first_token_ms", "first token ms", ".0f")])
 
 
+def section_spec(plan: Plan, report: Report, deadline: float) -> None:
+    import gpu_spec
+
+    sec = report.section("spec")
+    budget = Budget(plan.budgets["spec"], deadline)
+    batches = [1, 8, 32] if CUDA else [1, 4]
+    queries = gpu_spec.QUERIES if CUDA and not plan.quick else (1, 2, 4, 8)
+    folder = scratch()
+    (folder / "config.json").write_text(json.dumps(plan.shape))
+    kv_tokens = max(batches) * (plan.prompt_len + max(queries) + 32) + 4096
+    engine = make_engine(folder, plan, "mxfp8", False, max(batches), kv_tokens, spec_tokens=max(queries) - 1)
+    try:
+        costs = gpu_spec.verify_costs(engine, batches, queries, plan.prompt_len, plan.shape["vocab_size"], budget.left)
+    finally:
+        stop_engine(engine)
+    sec["rows"] += [{"kind": "verify", **r} for r in costs]
+    table("verify step: ms by query tokens per sequence (MXFP8 experts" + (", CUDA graphs)" if CUDA else ")"), costs,
+          [("batch", "batch", "d"), ("query_tokens", "q", "d"), ("step_ms", "ms", ".2f"), ("vs_decode", "x decode", ".2f")])
+    measured = gpu_spec.acceptance(ROOT / "bench" / "spec-results" / "spec.json")
+    proj = gpu_spec.projections(costs, measured)
+    sec["rows"] += [{"kind": "projection", **r} for r in proj]
+    if proj:
+        table("speedup PROJECTED from the CPU replay's acceptance (bench/spec.py; random weights accept nothing)",
+              proj, [("set", "set", "s"), ("batch", "batch", "d"), ("tokens_per_forward", "tok/fwd", ".2f"),
+                     ("mean_draft", "draft", ".1f"), ("verify_vs_decode", "verify/decode", ".2f"),
+                     ("projected_speedup", "speedup", ".2f")])
+    else:
+        sec["skipped"].append("projection: bench/spec-results/spec.json has no acceptance figures")
+
+
 def load_kernel_bench():
     """bench/kernels.py as a module (its name would clash with the kernels package)."""
     spec = importlib.util.spec_from_file_location("bench_kernels", ROOT / "bench" / "kernels.py")
@@ -1016,6 +1051,8 @@ def main(argv: list[str] | None = None) -> int:
             report.save()
     if "hf" in sections:
         run("hf", lambda: section_hf(plan, report, deadline))
+    if "spec" in sections:
+        run("spec", lambda: section_spec(plan, report, deadline))
     if "kernels" in sections:
         run("kernels", lambda: section_kernels(plan, report, deadline))
     if "train" in sections:

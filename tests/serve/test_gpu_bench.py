@@ -33,7 +33,7 @@ def test_every_section_runs(run):
     assert "REDUCED CPU SHAPE" in done.stdout and "wrote " in done.stdout
     assert data["meta"]["reduced_cpu_shape"] and data["meta"]["versions"]["torch"]
     sections = data["sections"]
-    assert set(sections) == {"parity", "decode", "hf", "profile", "kernels", "train", "tests"}
+    assert set(sections) == {"parity", "decode", "hf", "profile", "spec", "kernels", "train", "tests"}
     for name, sec in sections.items():
         assert sec["status"] == "ok" and not sec["errors"] and sec["rows"], (name, sec)
 
@@ -73,6 +73,17 @@ def test_profile_and_kernel_figures(run):
     assert [r["tokens"] for r in kernels if r["kind"] == "moe"] == [1, 8, 64]
     assert all(r["bf16_ms"] > 0 and r["mxfp8_ms"] > 0 for r in kernels if r["kind"] == "moe")
     assert all(r["gb_s"] > 0 for r in kernels if r["kind"] == "quantizer")
+
+
+def test_verify_cost_figures(run):
+    rows = run[1]["sections"]["spec"]["rows"]
+    costs = [r for r in rows if r["kind"] == "verify"]
+    assert {(r["batch"], r["query_tokens"]) for r in costs} == {(b, q) for b in (1, 4) for q in (1, 2, 4, 8)}
+    for r in costs:
+        assert r["step_ms"] > 0 and r["rows"] == r["batch"] * r["query_tokens"]
+        assert r["vs_decode"] == pytest.approx(1.0) if r["query_tokens"] == 1 else r["vs_decode"] > 0
+    for r in (r for r in rows if r["kind"] == "projection"):  # from bench/spec-results/spec.json, when there
+        assert r["tokens_per_forward"] >= 1 and r["projected_speedup"] > 0
 
 
 def test_train_figures(run):

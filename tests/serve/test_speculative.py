@@ -148,3 +148,24 @@ def test_the_static_step_verifies_drafts_with_the_eager_tokens(tiny_hermes):
     finally:
         asyncio.run(plain.stop())
         asyncio.run(static.stop())
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_verify_drafts_with_the_eager_tokens(tiny_hermes):
+    """On a GPU: verify steps replayed from CUDA graphs (a graph per row count) give the tokens of an engine
+    that never speculates, greedy and seeded."""
+    cfg = dict(dtype="bfloat16", quant="mxfp8", max_model_len=256, max_num_seqs=4, kv_cache_tokens=4096)
+    plain = NativeEngine(str(tiny_hermes), EngineConfig(**cfg))
+    spec = NativeEngine(str(tiny_hermes), EngineConfig(speculative="suffix", speculative_adaptive=False, **cfg))
+    try:
+        g = torch.Generator().manual_seed(5)
+        base = torch.randint(3, 1000, (12,), generator=g).tolist()
+        ps = [base * 4, base[3:] * 3]
+        for params in (SamplingParams(max_tokens=24, temperature=0.0), SamplingParams(max_tokens=24, temperature=0.8,
+                                                                                      seed=2)):
+            want, got = run_all(plain, ps, params), run_all(spec, ps, params)
+            assert [[t.id for t in s] for s in got] == [[t.id for t in s] for s in want]
+        assert spec.runner.static.replays > 0 and spec.spec.drafted > 0
+    finally:
+        asyncio.run(plain.stop())
+        asyncio.run(spec.stop())
