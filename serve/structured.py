@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import json
 import threading
+import warnings
 from collections import OrderedDict
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
 
@@ -247,8 +248,8 @@ def _json(schema: dict[str, Any] | None) -> str:
 def mask_rows(logits_BV, matchers: list) -> None:
     """Set to -inf, in place, every token a row's grammar forbids now (rows whose matcher is None are free)."""
     import torch
-    from llguidance.torch import allocate_token_bitmask, fill_next_token_bitmask
 
+    allocate_token_bitmask, fill_next_token_bitmask = _bitmask_functions()
     rows = [i for i, m in enumerate(matchers) if m is not None]
     if not rows:
         return
@@ -266,6 +267,20 @@ def mask_rows(logits_BV, matchers: list) -> None:
     allowed = allowed.reshape(len(rows), -1)[:, :V].bool().to(logits_BV.device)
     for j, i in enumerate(rows):  # in place, row by row (an indexed put copies the rows twice)
         logits_BV[i].masked_fill_(~allowed[j], float("-inf"))
+
+
+@cache  # once: a filter added at every step would invalidate every module's warning registry each time
+def _bitmask_functions():
+    """llguidance.torch's two mask functions. Importing it runs its @torch.compile, which loads torch's
+    inductor, which imports torch.utils.mkldnn, whose classes still use torch.jit.script_method: 14
+    DeprecationWarnings about torch's own code, which nobody here can act on. That one message is
+    ignored (a process-wide filter, not catch_warnings: this runs on the engine thread, and swapping the
+    filter list under other threads is not safe)."""
+    warnings.filterwarnings("ignore", message=r"`torch\.jit\.script_method` is deprecated",
+                            category=DeprecationWarning)
+    from llguidance.torch import allocate_token_bitmask, fill_next_token_bitmask
+
+    return allocate_token_bitmask, fill_next_token_bitmask
 
 
 def _model_vocab_size(model_dir: Path) -> int | None:

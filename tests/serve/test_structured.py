@@ -249,3 +249,18 @@ def test_rows_of_one_batch_follow_their_own_grammar(tiny_hermes):
     for row in (0, 2):
         assert out[row][-1] in chat.stop_token_ids, chat.decode(out[row])
         jsonschema.validate(json.loads(chat.decode(out[row][:-1])), schemas[row])
+
+
+def test_grammar_masks_load_without_torchs_deprecation_chatter():
+    """llguidance's torch helpers import torch's inductor, whose mkldnn module still uses
+    torch.jit.script_method: 14 DeprecationWarnings in every test run that masks logits, none of them ours."""
+    import subprocess
+    import sys
+
+    from .conftest import ROOT
+
+    code = "import torch; from serve.structured import mask_rows; mask_rows(torch.zeros(1, 8), [None])"
+    p = subprocess.run([sys.executable, "-W", "always::DeprecationWarning", "-c", code], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "script_method" not in p.stderr, p.stderr
