@@ -39,7 +39,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, NamedTuple, TextIO
 
 from agent.protocol import AssistantMessage, Event, Finished, ToolCallFinished, ToolCallStarted
 from agent.tasks.spec import Task
@@ -98,18 +98,35 @@ class DemoPrinter:
 
 
 def result_line(event: ToolCallFinished) -> str:
-    """One line for a finished call: an edit's changed lines (from its diff), else the result's last line
-    that says something (a shell result ends with its "[exit code ...]")."""
-    diff = (event.data or {}).get("diff") if event.ok else None
+    """One line for a finished call: an edit's changed lines (from its diff), a read's path and line range,
+    else the result's last line that says something (a shell result ends with its "[exit code ...]")."""
+    from agent.render import result_summary
+
+    data = event.data or {}
+    diff = data.get("diff") if event.ok else None
     if diff:
         changed = [x for x in diff.splitlines() if x[:1] in "+-" and not x.startswith(("+++", "---"))]
         if changed:
             return "  ".join(x.strip() if len(x.strip()) < 60 else x.strip()[:57] + "…" for x in changed[:2])
+    if event.name == "read_file" and event.ok and "path" in data:  # its last line would be the file's
+        return f"{data['path']} · {result_summary(event)}"
     lines = [x for x in event.content.strip().splitlines() if x.strip() and not x.startswith("[exit")]
     return (lines[-1:] or [""])[0]
 
 
-def changes(root: Path) -> list[str]:
+class Hunk(NamedTuple):
+    """One hunk of `git diff`: its file, the function around it (None at module level), its changed lines."""
+
+    path: str
+    function: str | None
+    lines: list[str]
+
+    def __str__(self) -> str:
+        where = f", in {self.function}()" if self.function else ""
+        return f"{self.path}{where}: " + "  ".join(self.lines[:4])
+
+
+def changes(root: Path) -> list[Hunk]:
     """What the run changed, from `git diff` (not from what the model says): per hunk, the file, the
     function around it and its changed lines. [] without git or without changes."""
     try:
@@ -121,7 +138,7 @@ def changes(root: Path) -> list[str]:
     for line in p.stdout.splitlines() + ["@@"]:
         if line.startswith(("@@", "+++ ")) and body and path:
             start = int(re.match(r"@@ -\d+(?:,\d+)? \+(\d+)", head).group(1)) if head else 1
-            out.append(f"{path}{_enclosing_def(root / path, start)}: " + "  ".join(body[:4]))
+            out.append(Hunk(path, _enclosing_def(root / path, start), body))
             body = []
         if line.startswith("+++ "):
             path = line[6:] if line.startswith("+++ b/") else None
@@ -132,16 +149,34 @@ def changes(root: Path) -> list[str]:
     return out
 
 
-def _enclosing_def(path: Path, line_no: int) -> str:
-    """", in NAME()" for the innermost def at or above line `line_no` (1-based) of the file, else ""."""
+DEF = re.compile(r"^\s*(?:async\s+)?def\s+(\w+)", re.M)
+
+
+def _enclosing_def(path: Path, line_no: int) -> str | None:
+    """The name of the innermost def at or above line `line_no` (1-based) of the file, else None."""
     try:
         lines = path.read_text().splitlines()[:line_no]
     except (OSError, UnicodeDecodeError):
-        return ""
+        return None
     for line in reversed(lines):
-        if m := re.match(r"\s*(?:async\s+)?def\s+(\w+)", line):
-            return f", in {m.group(1)}()"
-    return ""
+        if m := DEF.match(line):
+            return m.group(1)
+    return None
+
+
+def misnamed(claim: str, root: Path, hunks: list[Hunk]) -> list[str]:
+    """Functions the model's closing words name (as `name` or `name()`) that the changed files define but
+    the diff did not change: where its sentence contradicts the diff printed above it. A small model's
+    summary is a guess at what it did; this part of it can be checked, so the demo checks it."""
+    changed = {h.function for h in hunks if h.function}
+    defined: set[str] = set()
+    for path in {h.path for h in hunks}:
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            defined.update(DEF.findall((root / path).read_text()))
+    named = [n for n in dict.fromkeys(re.findall(r"`(\w+)(?:\(\))?`", claim)) if n in defined]
+    if not changed or any(n in changed for n in named):  # naming the right one beside others is no contradiction
+        return []
+    return named
 
 
 def demo_task(family: str, seed: int | None = None) -> Task:
@@ -296,13 +331,18 @@ def _run(root: Path, task: Task, args: argparse.Namespace, server: LocalServer |
     finished = rt.agent.run(task.prompt, rt.system)
     rt.session.close()
     # What happened, from the repository and its checks; the model's own words come last, as a claim.
+    found = changes(root) if task.family == "bugfix" else []
     if task.family == "bugfix":
-        found = changes(root)
-        print("  what changed (git diff): " + ("; ".join(found) if found else "nothing"), file=out)
+        print("  what changed (git diff): " + ("; ".join(map(str, found)) if found else "nothing"), file=out)
         print(f"  its tests now: `{TESTS}` -> {run_tests(root)[1]}", file=out)
     if finished.final_text.strip():
         print(f"  the model says (its claim{', unverified' if server is not None else ''}): "
               f"{finished.final_text.strip()[:400]}", file=out)
+        wrong = misnamed(finished.final_text, root, found)
+        if wrong:
+            did = ", ".join(sorted({f"{h.function}()" for h in found if h.function}))
+            print(f"  note: that names {', '.join(f'{n}()' for n in wrong)}, but the diff above changed {did}; "
+                  "the diff is what happened (a model this small often gets its own summary wrong)", file=out)
     ok, why = green(root, task, finished.final_text)
     if ok:
         shown = f" `git -C {root} diff` shows the fix." if task.family == "bugfix" else ""

@@ -69,6 +69,21 @@ def test_editing_the_test_instead_of_the_code_is_not_green(tmp_path):
     assert ok is False and "expected" in why
 
 
+def test_a_closing_sentence_that_names_another_function_than_the_diff_is_caught(tmp_path):
+    """The built-in model's summary named `compound` under a diff of cents() in 8 of 9 runs; the demo can
+    check that much of a claim against git diff, and does."""
+    root = tmp_path / "repo"
+    demo.write_repo(root, demo.demo_task("bugfix"))
+    fix(root)
+    hunks = demo.changes(root)
+    assert [h.function for h in hunks] == ["cents"]
+    wrong = "Fixed `compound` in pkg/money.py: the wrong variable is corrected and the tests pass."
+    assert demo.misnamed(wrong, root, hunks) == ["compound"]
+    assert demo.misnamed("Fixed `cents()` in pkg/money.py: the constant is corrected.", root, hunks) == []
+    assert demo.misnamed("Fixed `cents`; `compound` was fine.", root, hunks) == []
+    assert demo.misnamed("Fixed the rounding in `pkg` and `tests`.", root, hunks) == []  # not functions
+
+
 def test_the_find_def_demo_is_green_only_with_the_right_file(tmp_path):
     root = tmp_path / "repo"
     task = demo.demo_task("find-def")
@@ -103,12 +118,26 @@ def test_the_bugfix_demo_with_the_experts_answers_goes_green_showing_parallel_ca
     assert err.index("what changed") < err.index("the model says")
     edit_line = next(x for x in err.splitlines() if "✓ edit_file" in x)
     assert new.splitlines()[0].strip()[:50] in edit_line  # the changed line, not the file's last one
+    read_line = next(x for x in err.splitlines() if "✓ read_file" in x)
+    assert read_line.endswith(f"): {call['arguments']['path']} · lines 1–16 of 16")  # what was read, not its last line
+    assert "note:" not in err  # the expert's summary names the function it changed
     assert first["temperature"] == 0.0  # greedy
     assert "small built-in model" not in err  # --base-url: no child server
     diff = subprocess.run(
         ["git", "diff", "--stat"], cwd=tmp_path / "d", capture_output=True, text=True
     ).stdout
     assert "pkg/" in diff  # the fix is there to look at
+
+
+@pytest.mark.slow
+def test_the_demo_points_out_a_summary_that_contradicts_the_diff(tmp_path):
+    script = expert_script("bugfix")
+    script[-1] = {"content": "Fixed `compound` in pkg/money.py: the wrong variable is corrected and the tests pass."}
+    with ScriptedServer(script) as srv:
+        p = run_demo(tmp_path, "--dir", str(tmp_path / "d"), "--base-url", srv.base_url)
+    assert p.returncode == 0, p.stderr  # still green: the fix is right, only the sentence is wrong
+    said = p.stderr.split("the model says")[1]
+    assert "note: that names compound(), but the diff above changed cents()" in said, p.stderr
 
 
 @pytest.mark.slow
