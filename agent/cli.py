@@ -54,7 +54,7 @@ def build_parser() -> Parser:
                    help="let the tools also read and write this folder outside the workspace (repeatable)")
     p.add_argument("--approval", choices=["auto", "ask", "read-only"],
                    help="which tool calls need a yes: shell and writes (interactive default ask; "
-                        "headless: auto or read-only, default auto)")
+                        "headless: read-only by default, auto lets the run edit files and run commands)")
     p.add_argument("--sandbox", action="store_true", default=None,
                    help="run shell commands under bubblewrap: no network, writes only in the workspace")
     m = p.add_argument_group("model server")
@@ -110,13 +110,23 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--json needs --task (or --resume to continue a saved session)")
     try:
         # Interactively a person is there to answer, so shell and writes ask unless configured otherwise.
-        config = load_config(root, flags, defaults=None if headless else {"approval": "ask"})
+        # Headless nobody is: a run changes nothing unless asked to (--approval auto), as `codex exec`
+        # runs read-only without --full-auto; a model pointed at a repository it does not know (the
+        # built-in one above all) must not edit it unasked.
+        defaults = {"approval": "read-only" if headless else "ask"}
+        config = load_config(root, flags, defaults=defaults)
         config.extra_roots(root)  # a missing added folder is a usage error now, not mid-run
     except ConfigError as e:
         print(f"composer-agent: error: {e}", file=sys.stderr)
         return _json_failure(args, "config", str(e), 2)
     if headless and args.task is not None and not args.task.strip():
         parser.error("--task is empty")
+    if headless:  # its first line says what it may change, before the model (perhaps the built-in) starts
+        from agent.headless import announce
+
+        code = announce(config, root, as_json=args.json)
+        if code is not None:
+            return code
     server = None
     if endpoint_source(root, flags) is None:  # nothing configured: serve the built-in model ourselves
         from agent.builtin_model import BuiltinModelError, start_builtin

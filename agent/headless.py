@@ -1,5 +1,9 @@
 """Headless runs: `composer-agent --task TEXT`, for CI, scripts and batch evaluation.
 
+Read-only unless asked (`--approval auto`, or `approval` in a config file): nobody is there to see an
+edit before it lands, and a model pointed at a repository it does not know (the small built-in one
+above all) would otherwise write to it unasked. The first line on stderr says what the run may change.
+
 Without --json the final answer goes to stdout and a one-line-per-tool progress log to stderr. With
 --json, stdout carries exactly one JSON event per line (agent.protocol) and nothing else; logs go to
 stderr. Exit codes: 0 finished, 1 the agent failed, hit a limit or gave an empty answer (status
@@ -110,8 +114,20 @@ def failure_kind(e: ModelError) -> str:
     return "config"
 
 
-def run(config: Config, root: Path, task: str | None, *, as_json: bool, resume: str | None) -> int:
-    emit = JsonEvents(sys.stdout) if as_json else Progress(sys.stderr)
+def scope(config: Config, root: Path) -> str:
+    """What a headless run may change, in one line (its first, on stderr)."""
+    where = ", ".join(str(p) for p in (root, *config.extra_roots(root)))
+    if config.approval == "read-only":
+        return (f"composer-agent: read-only: it may read {where} but not edit files or run commands "
+                "(--approval auto allows both)")
+    shell = ("shell commands under bubblewrap (no network, writes only in the workspace)" if config.sandbox
+             else "shell commands, not sandboxed (--sandbox confines them)")
+    return f"composer-agent: approval auto: it may edit files in {where} and run {shell}"
+
+
+def announce(config: Config, root: Path, *, as_json: bool) -> int | None:
+    """Before a headless run: refuse `ask` (nobody to answer), else say what it may change; an exit code
+    when it cannot run."""
     if config.approval == "ask":
         report_failure(
             "usage",
@@ -119,6 +135,13 @@ def run(config: Config, root: Path, task: str | None, *, as_json: bool, resume: 
             as_json=as_json,
         )
         return EXIT_USAGE
+    print(scope(config, root), file=sys.stderr, flush=True)
+    return None
+
+
+def run(config: Config, root: Path, task: str | None, *, as_json: bool, resume: str | None) -> int:
+    """The run itself; the entry point has called `announce` first."""
+    emit = JsonEvents(sys.stdout) if as_json else Progress(sys.stderr)
     try:
         rt = build(config, root, emit=emit, approve=Approvals(config.approval), resume=resume)
     except ModelError as e:

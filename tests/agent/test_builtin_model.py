@@ -186,6 +186,7 @@ def test_task_with_no_endpoint_serves_the_builtin_says_so_and_stops_it(tmp_path,
     assert started["model"] == "composer-tiny" and started["base_url"].startswith("http://127.0.0.1:")
     assert events[-1]["type"] == "finished", p.stderr
     assert p.stderr.splitlines().count(NOTICE) == 1 and "--base-url" in NOTICE, p.stderr
+    assert p.stderr.startswith("composer-agent: read-only: "), p.stderr  # what it may change comes first
     assert gone(checkpoint, 1), "the child server outlived composer-agent"
     with pytest.raises(OSError):  # nothing answers on its port any more
         urllib.request.urlopen(started["base_url"].removesuffix("/v1") + "/health", timeout=2)

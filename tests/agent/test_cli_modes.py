@@ -12,7 +12,7 @@ from agent.config import load_config
 
 def test_interactive_default_is_ask_unless_a_file_or_flag_says_otherwise(tmp_path):
     assert load_config(tmp_path, {}, env={}, defaults={"approval": "ask"}).approval == "ask"
-    assert load_config(tmp_path, {}, env={}).approval == "auto"  # headless keeps the dataclass default
+    assert load_config(tmp_path, {}, env={}).approval == "auto"  # no front-end's default: eval and RL build on it
     (tmp_path / ".composer").mkdir()
     (tmp_path / ".composer" / "config.toml").write_text('approval = "auto"\n')
     assert load_config(tmp_path, {}, env={}, defaults={"approval": "ask"}).approval == "auto"

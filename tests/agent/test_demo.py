@@ -200,7 +200,7 @@ def test_composer_agent_task_with_no_endpoint_solves_the_demo_task_greedily(tmp_
     for var in ("COMPOSER_BASE_URL", "COMPOSER_BUILTIN_MODEL"):
         env.pop(var, None)
     p = subprocess.run(
-        [str(BIN / "composer-agent"), "--cwd", str(root), "--task", task.prompt, "--json"],
+        [str(BIN / "composer-agent"), "--cwd", str(root), "--task", task.prompt, "--json", "--approval", "auto"],
         capture_output=True,
         text=True,
         timeout=600,

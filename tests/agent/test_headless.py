@@ -62,7 +62,7 @@ FIX_SCRIPT = [
 
 def test_a_task_end_to_end_with_json_events(buggy_repo):
     with ScriptedServer(FIX_SCRIPT) as srv:
-        p = run_agent(buggy_repo, "--task", "fix add", "--json", "--base-url", srv.base_url)
+        p = run_agent(buggy_repo, "--task", "fix add", "--json", "--base-url", srv.base_url, "--approval", "auto")
         reqs = srv.chat_requests()
     assert p.returncode == 0, p.stderr
     assert (buggy_repo / "calc.py").read_text() == "def add(a, b):\n    return a + b\n"
@@ -94,7 +94,7 @@ def test_a_task_end_to_end_with_json_events(buggy_repo):
 
 def test_the_trajectory_holds_exactly_what_was_sent(buggy_repo):
     with ScriptedServer(FIX_SCRIPT) as srv:
-        p = run_agent(buggy_repo, "--task", "fix add", "--json", "--base-url", srv.base_url)
+        p = run_agent(buggy_repo, "--task", "fix add", "--json", "--base-url", srv.base_url, "--approval", "auto")
         reqs = srv.chat_requests()
     assert p.returncode == 0, p.stderr
     data = load(find_session(buggy_repo / ".composer" / "sessions", "last"))
@@ -135,7 +135,8 @@ def test_exit_2_on_a_bad_api_key(buggy_repo):
         ok = run_agent(buggy_repo, "--task", "x", "--base-url", srv.base_url,
                        env={"COMPOSER_API_KEY": "right-key"})
     assert p.returncode == 2 and p.stdout == ""
-    assert len(p.stderr.strip().splitlines()) == 1 and "HTTP 401" in p.stderr and "api-key" in p.stderr
+    scope, *rest = p.stderr.strip().splitlines()  # what it may change, then the error in one line
+    assert "read-only" in scope and len(rest) == 1 and "HTTP 401" in rest[0] and "api-key" in rest[0]
     assert ok.returncode == 0 and ok.stdout.strip() == "never"
 
 
@@ -150,8 +151,8 @@ def test_exit_2_on_an_unreachable_server(buggy_repo):
     p = run_agent(buggy_repo, "--task", "x", "--json", "--base-url", f"http://127.0.0.1:{port}/v1")
     assert p.returncode == 2
     assert failure(p.stdout, "unreachable", f"http://127.0.0.1:{port}/v1/models")
-    assert p.stderr.strip().splitlines() == [p.stderr.strip()]
-    assert f"http://127.0.0.1:{port}/v1/models" in p.stderr
+    scope, *rest = p.stderr.strip().splitlines()  # what it may change, then the error in one line
+    assert "read-only" in scope and len(rest) == 1 and f"http://127.0.0.1:{port}/v1/models" in rest[0]
     assert time.monotonic() - start < 20
 
 
@@ -268,7 +269,8 @@ def test_added_folders_are_usable_and_others_are_not(buggy_repo, tmp_path):
                              {"name": "read_file", "arguments": {"path": str(outside)}}]},
              {"content": "done"}]
     with ScriptedServer(turns) as srv:
-        p = run_agent(buggy_repo, "--task", "x", "--json", "--base-url", srv.base_url, "--add-dir", str(lib))
+        p = run_agent(buggy_repo, "--task", "x", "--json", "--base-url", srv.base_url, "--add-dir", str(lib),
+                      "--approval", "auto")
         system = srv.chat_requests()[0]["messages"][0]["content"]
     assert p.returncode == 0, p.stderr
     assert (lib / "util.py").read_text() == "VALUE = 2\n"
@@ -345,7 +347,7 @@ def test_text_format_tool_calls_fallback(buggy_repo, fmt):
         {"content": "done"},
     ]
     with ScriptedServer(script) as srv:
-        p = run_agent(buggy_repo, "--task", "fix", "--json", "--base-url", srv.base_url)
+        p = run_agent(buggy_repo, "--task", "fix", "--json", "--base-url", srv.base_url, "--approval", "auto")
         reqs = srv.chat_requests()
     assert p.returncode == 0, p.stderr
     assert "return a + b" in (buggy_repo / "calc.py").read_text()
@@ -372,6 +374,29 @@ def test_read_only_refuses_writes_with_an_observation(buggy_repo):
     assert "a - b" in (buggy_repo / "calc.py").read_text() and not (buggy_repo / "pwned").exists()
     results = [m["content"] for m in reqs[1]["messages"] if m["role"] == "tool"]
     assert "read-only" in results[0] and "read-only" in results[1] and "return a - b" in results[2]
+
+
+def test_headless_changes_nothing_unless_asked_and_its_first_line_says_what_it_may_change(buggy_repo):
+    """Read-only by default, as `codex exec` is: a model pointed at a repository must not edit it unasked."""
+    script = [{"tool_calls": [{"name": "edit_file", "arguments": {"path": "calc.py", "old_string": "a - b",
+                                                                  "new_string": "a + b"}},
+                              {"name": "shell", "arguments": {"command": "touch made"}}]},
+              {"content": "done"}]
+    with ScriptedServer(script) as srv:
+        p = run_agent(buggy_repo, "--task", "fix", "--json", "--base-url", srv.base_url)
+    assert p.returncode == 0, p.stderr
+    assert "a - b" in (buggy_repo / "calc.py").read_text() and not (buggy_repo / "made").exists()
+    first = p.stderr.splitlines()[0]
+    assert first.startswith("composer-agent: read-only") and str(buggy_repo) in first, p.stderr
+    assert "--approval auto" in first  # how to let it
+
+    with ScriptedServer(script) as srv:
+        p = run_agent(buggy_repo, "--task", "fix", "--base-url", srv.base_url, "--approval", "auto")
+    assert p.returncode == 0, p.stderr
+    assert "a + b" in (buggy_repo / "calc.py").read_text() and (buggy_repo / "made").exists()
+    first = p.stderr.splitlines()[0]
+    assert first == f"composer-agent: approval auto: it may edit files in {buggy_repo} and run shell commands, " \
+                    "not sandboxed (--sandbox confines them)", p.stderr
 
 
 def test_max_turns_exits_1(buggy_repo):
@@ -408,7 +433,7 @@ def test_ctrl_c_kills_tools_saves_the_session_and_exits_130(buggy_repo):
                          {"content": "never reached"}]) as srv:
         env = {**os.environ, "XDG_CONFIG_HOME": str(buggy_repo.parent / "xdg")}
         proc = subprocess.Popen(agent_cmd("--cwd", str(buggy_repo), "--task", "x", "--json", "--base-url",
-                                          srv.base_url), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          srv.base_url, "--approval", "auto"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, env=env)
         for line in proc.stdout:
             if json.loads(line)["type"] == "tool_call_started":

@@ -36,7 +36,7 @@ def test_an_unparsed_call_is_told_to_the_model_and_the_run_goes_on(buggy_repo, t
     script = [turn, {"tool_calls": [{"name": "shell", "arguments": {"command": "python3 test_calc.py"}}]},
               {"content": "The test fails: add subtracts."}]
     with ScriptedServer(script) as srv:
-        p = run_agent(buggy_repo, "--task", "run the test", "--json", "--base-url", srv.base_url)
+        p = run_agent(buggy_repo, "--task", "run the test", "--json", "--base-url", srv.base_url, "--approval", "auto")
         reqs = srv.chat_requests()
     evs = events(p.stdout)
     assert p.returncode == 0 and evs[-1]["status"] == "completed", p.stderr
