@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,23 @@ import pytest
 # build competing with timing-sensitive tests makes them flaky. tests/kernels builds them once, in the
 # open, and the engine tests that run after it load that build.
 os.environ.setdefault("COMPOSER_KERNEL_BUILD", "0")
+
+
+def _torch_threads() -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(4, cores // 2))
+
+
+# Torch threads: half the cores (1 on 2 cores, at most 4) unless OMP_NUM_THREADS says otherwise; the
+# servers the tests start inherit it. Torch takes every core by default, and its pool's threads spin at
+# each barrier waiting for the others: when they outnumber the free cores (a server a test started,
+# another test run, anything else on the machine) the spin costs far more than the threads give these
+# tiny models. On the shared 2-core VM, tests/train/test_trainer.py (not slow) took 19-21 s on 1 thread,
+# and on 2 threads 25 s at a quiet moment and 129 s beside another engineer's run.
+USERS_THREADS = os.environ.get("OMP_NUM_THREADS")  # the user's choice stands
+os.environ.setdefault("OMP_NUM_THREADS", str(_torch_threads()))
+if "torch" in sys.modules:  # loaded already (by a plugin): the variable came too late for its pool
+    sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # A test run started in the background by a shell without job control (`pytest &`, nohup) inherits
 # SIGINT ignored, and every process it starts would too: the Ctrl-C tests would then test nothing

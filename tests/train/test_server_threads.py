@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -67,5 +69,13 @@ def test_async_rl_splits_the_cores_and_sync_rl_does_not(tiny, tmp_path, monkeypa
         progress=Progress(1, out=open(os.devnull, "w")))  # noqa: SIM115
     assert torch.get_num_threads() == before  # the trainer's threads are given back
     line = (tmp_path / "run" / "server.log").read_text().splitlines()[0]
-    threads = share if staleness and share else before  # without a share the child inherits torch's default
+    threads = share if staleness and share else _torch_default()  # without a share: torch's own choice
     assert f"cpu ({threads} thread" in line, line
+
+
+def _torch_default() -> int:
+    """Torch's thread count where nothing sets one (tests/conftest.py sets one for this process)."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    p = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    return int(p.stdout)

@@ -1,0 +1,21 @@
+"""The test run's torch, and the servers it starts, use at most half the cores (tests/conftest.py): a
+pool that takes every core spins against whatever else runs, and made the suite 4x slower under load."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from .conftest import USERS_THREADS
+
+
+def test_torch_here_and_in_children_runs_on_at_most_half_the_cores():
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    want = int(USERS_THREADS) if USERS_THREADS else max(1, min(4, cores // 2))
+    assert torch.get_num_threads() == want
+    child = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                           capture_output=True, text=True, timeout=120)
+    assert int(child.stdout) == want, child.stderr
