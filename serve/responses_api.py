@@ -202,7 +202,10 @@ def _response(state: ServerState, req: ResponsesRequest, rid: str, created: int,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "instructions": req.instructions, "max_output_tokens": req.max_output_tokens, "model": state.served_name,
             "output": output, "parallel_tool_calls": req.parallel_tool_calls, "temperature": req.temperature,
-            "top_p": req.top_p, "tool_choice": req.tool_choice or "auto",
+            "top_p": req.top_p,
+            # a named choice as plain data: the stream json.dumps this body itself (FastAPI is not in the way)
+            "tool_choice": req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedFunctionChoice)
+            else req.tool_choice or "auto",
             "tools": [t.model_dump(exclude_none=True) for t in req.tools or []],
             "text": req.text or {"format": {"type": "text"}}, "truncation": "disabled", "store": False,
             "metadata": req.metadata or {}, "usage": use, **state.numerics()}

@@ -74,6 +74,11 @@ def test_streamed_events_add_up_to_the_final_response(client):
     assert "response.function_call_arguments.done" in kinds and kinds[-1] == "response.completed"
     done = [e.item for e in calls if e.type == "response.output_item.done" and e.item.type == "function_call"]
     assert done and all(json.loads(i.arguments) for i in done)
+    # a named function, streamed: the response objects in the events carry the choice as sent (the stream
+    # used to end mid-body: the pydantic choice is not JSON-serialisable)
+    named = list(client.responses.create(model="tiny", input="read", tools=TOOLS, max_output_tokens=200, stream=True,
+                                         tool_choice={"type": "function", "name": "read_file"}))
+    assert named[-1].type == "response.completed" and named[-1].response.tool_choice.name == "read_file"
 
 
 @pytest.mark.parametrize(("extra", "param"), [
