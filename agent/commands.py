@@ -18,6 +18,7 @@ COMMANDS = [
     Command("/help", "", "show commands and keys"),
     Command("/clear", "", "start a new conversation (a new session)"),
     Command("/model", "[NAME]", "show the model, or switch to NAME"),
+    Command("/mode", "[code|ask|plan]", "show the mode, or switch: ask and plan only read"),
     Command("/resume", "[ID|last]", "list recent sessions, or continue one"),
     Command("/index", "[--rebuild]", "build or refresh the semantic search index"),
     Command("/compact", "", "summarise the conversation now to free context"),

@@ -114,9 +114,11 @@ def failure_kind(e: ModelError) -> str:
     return "config"
 
 
-def scope(config: Config, root: Path) -> str:
+def scope(config: Config, root: Path, mode: str = "code") -> str:
     """What a headless run may change, in one line (its first, on stderr)."""
     where = ", ".join(str(p) for p in (root, *config.extra_roots(root)))
+    if mode != "code":
+        return f"composer-agent: {mode} mode: it may read {where} but not edit files or run commands"
     if config.approval == "read-only":
         return (f"composer-agent: read-only: it may read {where} but not edit files or run commands "
                 "(--approval auto allows both)")
@@ -125,7 +127,7 @@ def scope(config: Config, root: Path) -> str:
     return f"composer-agent: approval auto: it may edit files in {where} and run {shell}"
 
 
-def announce(config: Config, root: Path, *, as_json: bool) -> int | None:
+def announce(config: Config, root: Path, *, as_json: bool, mode: str = "code") -> int | None:
     """Before a headless run: refuse `ask` (nobody to answer), else say what it may change; an exit code
     when it cannot run."""
     if config.approval == "ask":
@@ -135,11 +137,12 @@ def announce(config: Config, root: Path, *, as_json: bool) -> int | None:
             as_json=as_json,
         )
         return EXIT_USAGE
-    print(scope(config, root), file=sys.stderr, flush=True)
+    print(scope(config, root, mode), file=sys.stderr, flush=True)
     return None
 
 
-def run(config: Config, root: Path, task: str | None, *, as_json: bool, resume: str | None) -> int:
+def run(config: Config, root: Path, task: str | None, *, as_json: bool, resume: str | None,
+        mode: str = "code") -> int:
     """The run itself; the entry point has called `announce` first."""
     emit = JsonEvents(sys.stdout) if as_json else Progress(sys.stderr)
     try:
@@ -150,6 +153,7 @@ def run(config: Config, root: Path, task: str | None, *, as_json: bool, resume: 
     except SessionNotFound as e:
         report_failure("session", str(e), as_json=as_json)
         return EXIT_USAGE
+    rt.agent.set_mode(mode)
     result: list[Finished] = []
     crash: list[BaseException] = []
     done = threading.Event()

@@ -37,8 +37,10 @@ class Interactive:
         ask: Ask | None = None,
         model: Model | None = None,
         resume: str | None = None,
+        mode: str = "code",
     ):
         self.config, self.root, self.emit, self.ask = config, root, emit, ask
+        self.mode = mode  # kept here too: /clear and /resume build a new agent in the same mode
         self._given_model = model
         self.approvals = Approvals(config.approval, ask)
         self.rt: Runtime = self._build(resume)
@@ -57,6 +59,7 @@ class Interactive:
             model=self._given_model,
         )
         self.approvals.ctx = rt.agent.ctx  # approval previews diff against the files the tools see
+        rt.agent.set_mode(self.mode)
         return rt
 
     # -- turns ----------------------------------------------------------------------------------------
@@ -113,6 +116,7 @@ class Interactive:
             "/quit": lambda: Outcome("Bye.", exit=True),
             "/clear": self._clear,
             "/model": lambda: self._model(arg),
+            "/mode": lambda: self._mode(arg),
             "/resume": lambda: self._resume(arg),
             "/index": lambda: self._index(arg),
             "/compact": self._compact,
@@ -122,7 +126,7 @@ class Interactive:
             return Outcome(f"Unknown command {name}. Type /help for the list.", error=True)
         try:
             return handler()
-        except (ModelError, SessionNotFound, CheckpointError) as e:
+        except (ModelError, SessionNotFound, CheckpointError, ValueError) as e:
             return Outcome(str(e), error=True)
 
     def _clear(self) -> Outcome:
@@ -139,6 +143,23 @@ class Interactive:
         self.rt.agent.model = self.rt.model = client
         self.config = replace(self.config, model=name)
         return Outcome(f"Switched to {name}.")
+
+    def _mode(self, name: str) -> Outcome:
+        if not name:
+            return Outcome(f"Mode: {self.mode} (/mode code|ask|plan; ask and plan write no file and run no command)")
+        self.rt.agent.set_mode(name)
+        self.mode = name
+        return Outcome(f"Mode: {name}.")
+
+    def plan_ready(self, finished: Finished) -> list[dict]:
+        """The plan a plan-mode turn ended with, for the front-end to offer to carry out."""
+        return self.rt.agent.plan_ready(finished)
+
+    def accept_plan(self) -> Finished:
+        """Switch to code and carry out the plan (blocking, like run_turn)."""
+        task = self.rt.agent.accept_plan()
+        self.mode = "code"
+        return self.run_turn(task)
 
     def _resume(self, which: str) -> Outcome:
         if not which:

@@ -10,6 +10,10 @@ events of agent.protocol and writes the trajectory as it goes. Errors the model 
 observations (the executor's job); errors it cannot (auth, unreachable server) end the run with
 status "error".
 
+Modes (ask / plan / code) are decided here, in the tool policy every call passes through, not by the
+prompt: in ask and plan no tool that mutates (writes, edits, shell, MCP tools not marked read-only) runs,
+whatever the front-end and whatever the approval mode; the prompt only tells the model why.
+
 Tool calls start while the model is still streaming: each call is submitted to the executor as soon
 as the client has it whole, and the executor keeps them in order around writers.
 """
@@ -24,12 +28,13 @@ from typing import Any
 
 from agent.client import Model, ModelError, ModelTurn, StreamCallbacks, estimate_tokens, routes_from
 from agent.config import Config
-from agent.context import compact, estimate_messages, summary_request
+from agent.context import compact, estimate_messages, prompt_text, summary_request
 from agent.protocol import (
     AssistantMessage,
     Event,
     Finished,
     Message,
+    ModeChanged,
     Notice,
     ReasoningDelta,
     Retrying,
@@ -43,12 +48,17 @@ from agent.protocol import (
 )
 from agent.session import Session
 from agent.toolcall_text import unparsed_calls
-from agent.tools import Executor, Registry, ToolCall, ToolContext, ToolResult
+from agent.tools import Executor, Registry, Tool, ToolCall, ToolContext, ToolResult
 from agent.tools.executor import Approver
 
 UNPARSED = ("Your last message contains a tool call that could not be parsed, starting {start!r}, so no tool "
             "ran. Write each tool call in the tool-call format (one call per block, its arguments a JSON object "
             "that fits the tool's parameters), or answer in plain text without one.")
+MODES = ("code", "ask", "plan")
+MODE_REFUSAL = ("Refused: this session is in {mode} mode, where no file is written and no command runs, so {name} "
+                "is not allowed. Use read-only tools (read_file, grep, glob, list_dir, semantic_search) and "
+                "{then}.")
+MODE_THEN = {"ask": "answer the question", "plan": "finish with the plan as a todo list (todo_write)"}
 
 
 class Agent:
@@ -61,7 +71,10 @@ class Agent:
         self.spec_hash = registry.spec_hash()
         self.messages: list[Message] = list(messages or [])
         self.cancel = threading.Event()
-        self.executor = Executor(registry, ctx, approve=approve, on_start=self._started, on_finish=self._finished)
+        self.approve = approve
+        self.mode = "code"
+        self.executor = Executor(registry, ctx, approve=self._policy, on_start=self._started,
+                                 on_finish=self._finished)
         self.turn = 0
         self.prompt_tokens = self.completion_tokens = 0
         self._last_prompt = (0, 0)  # (prompt tokens reported, number of messages they covered)
@@ -78,6 +91,8 @@ class Agent:
         self.error_kind = None
         if not self.messages:
             self._append({"role": "system", "content": system or ""})
+        if self.mode != "code":  # why its tools are limited, so it does not waste turns on refusals
+            task = prompt_text(f"mode_{self.mode}.md").strip() + "\n\n" + task
         self._append({"role": "user", "content": task})
         status, final, error = "completed", "", None
         turns_at_start, tokens_at_start = self.turn, self.prompt_tokens + self.completion_tokens
@@ -137,6 +152,25 @@ class Agent:
             return False
         self._summarize()
         return True
+
+    def set_mode(self, mode: str) -> None:
+        """Switch between code, ask and plan; takes effect for the next tool call, even mid-turn."""
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; modes: {', '.join(MODES)}")
+        if mode != self.mode:
+            self.mode = mode
+            self.emit(ModeChanged(mode))
+
+    def plan_ready(self, finished: Finished) -> list[dict[str, Any]]:
+        """The plan a plan-mode turn ended with (its todo list), for the front-end to offer; [] if none."""
+        if self.mode != "plan" or finished.status != "completed":
+            return []
+        return list(self.ctx.todos)
+
+    def accept_plan(self) -> str:
+        """The user accepted the plan: switch to code and return the task that carries it out."""
+        self.set_mode("code")
+        return prompt_text("plan_accepted.md").strip()
 
     def interrupt(self) -> None:
         """Stop the stream and kill running tools; the session stays consistent."""
@@ -243,7 +277,14 @@ class Agent:
                               self.completion_tokens, self.window, round(reply.ttft_s, 4), speed, u.estimated,
                               u.cached_tokens))
 
-    # -- tools' events --------------------------------------------------------------------------------
+    # -- tools' policy and events --------------------------------------------------------------------------------
+
+    def _policy(self, call: ToolCall, tool: Tool, args: dict[str, Any]) -> str | None:
+        """None to run the call, else the refusal the model sees. The mode first: in ask and plan no
+        mutating tool runs, so no question is asked either; then the front-end's approvals."""
+        if tool.mutates and self.mode != "code":
+            return MODE_REFUSAL.format(mode=self.mode, name=tool.name, then=MODE_THEN[self.mode])
+        return self.approve(call, tool, args) if self.approve is not None else None
 
     def _started(self, index: int, call: ToolCall) -> None:
         try:

@@ -147,6 +147,14 @@ class Summarized(Event):
     tokens_after: int
 
 
+@dataclass
+class ModeChanged(Event):
+    """The session's mode changed: code (tools as the approval mode allows), ask or plan (read-only)."""
+
+    type: ClassVar[str] = "mode_changed"
+    mode: str
+
+
 POLICY_ERRORS = ("malformed_tool_call",)
 """Finished.error_kind values that are the model's own doing (it kept writing tool calls nothing could
 parse): an episode ending in one is scored as a failure in evaluation and RL, not masked as infrastructure."""
@@ -186,7 +194,7 @@ class Notice(Event):
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.type: cls
     for cls in (SessionStarted, TurnStarted, TextDelta, ReasoningDelta, AssistantMessage, ToolCallStarted,
-                ToolCallFinished, UsageReport, Retrying, Summarized, Finished, Notice)
+                ToolCallFinished, UsageReport, Retrying, Summarized, Finished, Notice, ModeChanged)
 }
 
 

@@ -16,6 +16,7 @@ import queue
 import sys
 import threading
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,7 @@ from agent.config import Config
 from agent.interactive import Interactive, Outcome
 from agent.plain.printer import Printer, supports_colour
 from agent.plain.prompt import LineReader, Reader, dumb_terminal_session
+from agent.protocol import Finished
 from agent.render import Preview, Status, typed_text
 from agent.session import SessionNotFound
 
@@ -44,8 +46,8 @@ class Question:
 
 
 class LineMode:
-    def __init__(self, config: Config, root: Path, resume: str | None):
-        self.config, self.root, self.resume = config, root, resume
+    def __init__(self, config: Config, root: Path, resume: str | None, mode: str = "code"):
+        self.config, self.root, self.resume, self.mode = config, root, resume, mode
         self.out = sys.stdout
         self.colour = supports_colour(self.out)
         self.status = Status(approval=config.approval)
@@ -64,7 +66,7 @@ class LineMode:
     def run(self) -> int:
         try:
             self.controller = Interactive(
-                self.config, self.root, emit=self.printer, ask=self.ask, resume=self.resume
+                self.config, self.root, emit=self.printer, ask=self.ask, resume=self.resume, mode=self.mode
             )
         except (ModelError, SessionNotFound) as e:
             print(f"composer-agent: error: {e}", file=sys.stderr)
@@ -139,14 +141,34 @@ class LineMode:
     # -- a turn -----------------------------------------------------------------------------------
 
     def _turn(self, text: str) -> bool:
-        """Run one turn, answering its approval questions; False when the user quit (Ctrl-D at a question)."""
+        """Run one turn, answering its approval questions; False when the user quit (Ctrl-D at a question).
+        A plan-mode turn that ends with a plan is offered to carry out, in code mode."""
+        controller = self.controller
+        assert controller is not None
+        finished: list[Finished] = []
+        if not self._run(lambda: finished.append(controller.run_turn(text))):
+            return False
+        if finished and controller.plan_ready(finished[0]) and self._accepts_plan():
+            return self._run(controller.accept_plan)
+        return True
+
+    def _accepts_plan(self) -> bool:
+        assert self.reader is not None
+        try:
+            answer = self.reader.choose("Carry out this plan in code mode? [y]es, [n]o (keep planning): ", "yn")
+        except (EOFError, KeyboardInterrupt):
+            return False
+        return answer.strip().lower().startswith("y")
+
+    def _run(self, turn: Callable[[], object]) -> bool:
+        """Run `turn` on a worker thread, answering its approval questions here; False when the user quit."""
         controller = self.controller
         assert controller is not None
         done = threading.Event()
 
         def work() -> None:
             try:
-                controller.run_turn(text)
+                turn()
             except Exception as e:  # noqa: BLE001 - report, keep the prompt alive
                 self.printer.line(f"Internal error: {type(e).__name__}: {e}", "error")
             finally:
@@ -220,5 +242,5 @@ class LineMode:
             p.release()
 
 
-def run(config: Config, root: Path, *, resume: str | None = None) -> int:
-    return LineMode(config, root, resume).run()
+def run(config: Config, root: Path, *, resume: str | None = None, mode: str = "code") -> int:
+    return LineMode(config, root, resume, mode).run()

@@ -7,14 +7,14 @@ from pathlib import Path
 from agent.config import Config
 
 
-def run(config: Config, root: Path, *, resume: str | None = None) -> int:
+def run(config: Config, root: Path, *, resume: str | None = None, mode: str = "code") -> int:
     from agent.tui.app import ComposerApp
 
     def connect(emit, ask):
         # Runs on the connect thread, after the first paint: the HTTP client's imports cost ~100 ms.
         from agent.interactive import Interactive
 
-        return Interactive(config, root, emit=emit, ask=ask, resume=resume)
+        return Interactive(config, root, emit=emit, ask=ask, resume=resume, mode=mode)
 
     app = ComposerApp(connect, root=root, approval=config.approval)
     code = app.run()
