@@ -3,6 +3,7 @@
     composer-agent [options]                 interactive (full-screen), in the current repository
     composer-agent --plain [options]         interactive, line by line
     composer-agent --task "TEXT" [--json]    headless
+    composer-agent acp [options]             an Agent Client Protocol server on stdio, for editors (Zed, ...)
     composer-agent demo                      a small failing repository fixed by the built-in model
     composer-agent index [--rebuild]         build or refresh the semantic search index
     composer-agent search "QUERY" [-k N] [--json]
@@ -39,7 +40,7 @@ def build_parser() -> Parser:
         prog="composer-agent",
         description="Composer: a fast, local-first coding agent. Without --task it opens the interactive "
                     "interface in the current repository.",
-        epilog="Subcommands: `composer-agent demo`, `composer-agent eval SUITE`, `composer-agent index [--rebuild]`, `composer-agent search QUERY [-k N] [--json]`.",
+        epilog="Subcommands: `composer-agent acp` (for editors), `composer-agent demo`, `composer-agent eval SUITE`, `composer-agent index [--rebuild]`, `composer-agent search QUERY [-k N] [--json]`.",
     )
     p.add_argument("--version", action="version", version=f"composer-agent {__version__}")
     p.add_argument("--task", metavar="TEXT",
@@ -55,6 +56,10 @@ def build_parser() -> Parser:
     p.add_argument("--approval", choices=["auto", "ask", "read-only"],
                    help="which tool calls need a yes: shell and writes (interactive default ask; "
                         "headless: read-only by default, auto lets the run edit files and run commands)")
+    p.add_argument("--mode", choices=["code", "ask", "plan"], default="code",
+                   help="code: tools as --approval allows (default); ask: answers from read-only tools; plan: "
+                        "read-only, ends with a plan as a todo list. In ask and plan no file is written and no "
+                        "shell command runs, whatever --approval says")
     p.add_argument("--sandbox", action="store_true", default=None,
                    help="run shell commands under bubblewrap: no network, writes only in the workspace")
     m = p.add_argument_group("model server")
@@ -86,9 +91,14 @@ def main(argv: list[str] | None = None) -> int:
         from agent.demo import main as demo_main
 
         return demo_main(argv[1:])
+    acp = bool(argv) and argv[0] == "acp"  # the same flags; stdout then carries only JSON-RPC
+    if acp:
+        argv = argv[1:]
     parser = build_parser()
     parser.json_errors = "--json" in argv
     args = parser.parse_args(argv)
+    if acp and (args.task is not None or args.json or args.plain):
+        parser.error("acp takes no --task, --json or --plain: the editor sends the prompts")
     if args.task == "-":  # the task from a pipe or a file: `composer-agent --task - < task.md`
         if sys.stdin.isatty():
             parser.error("--task - reads the task from stdin, but stdin is a terminal; pipe or redirect it in")
@@ -106,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
              "token_budget": args.token_budget, "approval": args.approval, "sandbox": args.sandbox,
              "add_dirs": args.add_dir, "record_tokens": args.record_tokens}
     headless = args.task is not None or args.json
+    if acp:
+        from agent.acp import main as acp_main
+
+        return acp_main(root, flags, args.mode)
     if args.json and args.task is None and not args.resume:
         parser.error("--json needs --task (or --resume to continue a saved session)")
     try:
@@ -124,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     if headless:  # its first line says what it may change, before the model (perhaps the built-in) starts
         from agent.headless import announce
 
-        code = announce(config, root, as_json=args.json)
+        code = announce(config, root, as_json=args.json, mode=args.mode)
         if code is not None:
             return code
     server = None
@@ -151,14 +165,14 @@ def _run(args: argparse.Namespace, config, root: Path, headless: bool) -> int:
     if headless:
         from agent import headless as headless_mode
 
-        return headless_mode.run(config, root, args.task, as_json=args.json, resume=args.resume)
+        return headless_mode.run(config, root, args.task, as_json=args.json, resume=args.resume, mode=args.mode)
     if args.plain or not full_terminal():
         from agent.plain import run as run_plain
 
-        return run_plain(config, root, resume=args.resume)
+        return run_plain(config, root, resume=args.resume, mode=args.mode)
     from agent.tui import run as run_tui
 
-    return run_tui(config, root, resume=args.resume)
+    return run_tui(config, root, resume=args.resume, mode=args.mode)
 
 
 def _json_failure(args: argparse.Namespace, kind: str, message: str, code: int) -> int:

@@ -21,7 +21,7 @@ PACKAGES = ["agent", "serve", "index", "kernels", "train"]
 # package -> top-level modules it must not import at module level
 FORBIDDEN = {
     "agent": {"torch", "triton", "serve", "train", "index", "kernels", "transformers", "textual",
-              "sentence_transformers", "faiss", "numpy", "prompt_toolkit", "mcp"},
+              "sentence_transformers", "faiss", "numpy", "prompt_toolkit", "mcp", "acp", "pydantic"},
     "index": {"agent", "serve", "train", "kernels"},
     "kernels": {"agent", "serve", "train", "index"},
     "serve": {"train", "index"},
@@ -32,6 +32,7 @@ FORBIDDEN = {
 ALLOWED = {
     "agent/tui": {"textual"},
     "agent/plain": {"prompt_toolkit"},
+    "agent/acp": {"acp"},  # the ACP server; agent/acp/__init__.py itself imports the SDK only in main()
 }
 # serve may use agent's pure-data protocol modules and nothing else of agent.
 SERVE_MAY_IMPORT_FROM_AGENT = {"agent", "agent.protocol", "agent.toolcall_text"}
@@ -90,7 +91,7 @@ def test_the_checker_catches_a_violation(tmp_path):
 def _agent_modules() -> list[str]:
     names = []
     for info in pkgutil.walk_packages([str(ROOT / "agent")], prefix="agent."):
-        if info.name.startswith(("agent.tui", "agent.plain")):
+        if info.name.startswith(("agent.tui", "agent.plain", "agent.acp.")):
             continue
         names.append(info.name)
     return names
@@ -102,7 +103,7 @@ def test_importing_the_agent_loads_no_heavy_stack():
         "import importlib, sys\n"
         f"for m in {mods!r}: importlib.import_module(m)\n"
         "heavy = sorted(m for m in ('torch', 'serve', 'train', 'index', 'kernels', 'transformers', "
-        "'textual', 'faiss', 'sentence_transformers', 'numpy', 'mcp') if m in sys.modules)\n"
+        "'textual', 'faiss', 'sentence_transformers', 'numpy', 'mcp', 'acp', 'pydantic') if m in sys.modules)\n"
         "print(','.join(heavy))\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
