@@ -84,7 +84,7 @@ class AcpSession:
         self.server, self.root = server, root
         self.id = ""
         self.rt: Runtime | None = None
-        self.edits = EditTexts(_read_text)
+        self.edits = EditTexts(self._read)
         self.pending: set[concurrent.futures.Future] = set()
         self.busy = False
         self.worker: asyncio.Future | None = None  # the turn's thread, kept past a prompt cancelled under it
@@ -95,6 +95,12 @@ class AcpSession:
         # Shielded: if the SDK drops the request (the client went away), the thread still ends its turn
         # and writes the session's `finished` record, which shutdown waits for.
         return await asyncio.shield(self.worker)
+
+    def _read(self, path: Path) -> str | None:
+        """A file as the tools see it: the editor's buffer when it offers one, else the disk."""
+        editor = self.rt.agent.ctx.editor if self.rt is not None else None
+        text = editor.read(path) if editor is not None else None
+        return text if text is not None else _read_text(path)
 
     def emit(self, event: Event) -> None:  # any thread
         if isinstance(event, Notice):
@@ -125,6 +131,40 @@ class AcpSession:
                 answer.set_result(Decision("no", why))
 
 
+class EditorFiles:
+    """ToolContext.editor over the client's fs/read_text_file and fs/write_text_file, called from tool
+    threads (they block on the answer; the event loop stays free)."""
+
+    TIMEOUT_S = 30.0
+
+    def __init__(self, server: ComposerAcp, session_id: str, can_read: bool, can_write: bool):
+        self.server, self.session_id = server, session_id
+        self.can_read, self.can_write = can_read, can_write
+
+    def _call(self, coro: Any) -> Any:
+        assert self.server.loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self.server.loop).result(self.TIMEOUT_S)
+
+    def read(self, path: Path) -> str | None:
+        if not self.can_read:
+            return None
+        try:
+            return self._call(self.server.conn.read_text_file(session_id=self.session_id, path=str(path))).content
+        except Exception:  # noqa: BLE001 - not open and not on disk, or the editor says no: the disk decides
+            return None
+
+    def write(self, path: Path, text: str) -> bool:
+        if not self.can_write:  # False: the tool writes the disk itself
+            return False
+        try:
+            self._call(self.server.conn.write_text_file(session_id=self.session_id, path=str(path), content=text))
+        except Exception as e:  # noqa: BLE001 - the model is told, and the file is as it was
+            from agent.tools import ToolError
+
+            raise ToolError(f"the editor could not write {path}: {e}") from None
+        return True
+
+
 class ComposerAcp:
     """The ACP agent: the SDK calls these methods, one coroutine per request."""
 
@@ -135,6 +175,7 @@ class ComposerAcp:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.queue: asyncio.Queue | None = None
         self.builtin: Any = None
+        self.fs: Any = None  # the client's file system capabilities, from initialize
         self._builtin_lock = threading.Lock()
         self._sender: asyncio.Task | None = None
 
@@ -193,6 +234,7 @@ class ComposerAcp:
 
     async def initialize(self, protocol_version: int, client_capabilities: Any = None, client_info: Any = None,
                          **kwargs: Any) -> InitializeResponse:
+        self.fs = getattr(client_capabilities, "fs", None)
         return InitializeResponse(
             protocol_version=min(protocol_version, PROTOCOL_VERSION),
             agent_capabilities=AgentCapabilities(
@@ -273,6 +315,10 @@ class ComposerAcp:
         except SessionNotFound as e:
             raise RequestError.invalid_params({"message": str(e)}) from None
         s.id, s.rt = rt.session.id, rt
+        can_read, can_write = bool(getattr(self.fs, "read_text_file", False)), bool(
+            getattr(self.fs, "write_text_file", False))
+        if can_read or can_write:
+            rt.agent.ctx.editor = EditorFiles(self, s.id, can_read, can_write)
         self.sessions[s.id] = s
         rt.agent.set_mode(self.mode)
         return s

@@ -118,6 +118,10 @@ class ToolContext:
     todos: list[dict[str, Any]] = field(default_factory=list)
     # Extra linters from the user's config: glob -> command ("{paths}" is replaced by the files).
     linters: dict[str, str] = field(default_factory=dict)
+    # The editor's view of files when a front-end has one (ACP's fs/read_text_file, fs/write_text_file),
+    # so unsaved buffers are what the file tools read and edit: `read(path) -> str | None` (None: read the
+    # disk) and `write(path, text) -> bool` (False: write the disk; ToolError when the editor fails).
+    editor: Any = None
     # Filled lazily by the semantic_search tool (index/ is imported only when used).
     search_index: Any = None
     _rg: str | None | bool = field(default=False, repr=False)

@@ -13,7 +13,7 @@ from typing import NamedTuple
 from agent.tools.base import ToolError, ToolResult, tool
 from agent.tools.context import ToolContext
 from agent.tools.edit_match import Ambiguous, Found, closest_region, find, line_of
-from agent.tools.fileio import atomic_write, read_text, unified_diff
+from agent.tools.fileio import atomic_write, read_for_edit, read_text, save, unified_diff
 from agent.tools.lint import introduced_problems_note
 
 SNIPPET_CONTEXT = 3
@@ -48,10 +48,10 @@ def edit_file(ctx: ToolContext, path: str, old_string: str, new_string: str, rep
         raise ToolError("old_string and new_string are identical; nothing would change")
     if old_string == "":
         return _create(ctx, real, shown, new_string)
-    tf = read_text(real, shown)
+    tf = read_for_edit(real, shown, ctx.editor)
     before = tf.text
     after, work, found, tier = replaced(before, shown, old_string, new_string, replace_all)
-    atomic_write(real, tf.encode(after), mode=tf.mode, tmp_dir=ctx.workspace.temp_dir())
+    save(real, tf, after, ctx.workspace.temp_dir(), ctx.editor)
 
     first_line = line_of(work, found.matches[0].start)
     count = len(found.matches)

@@ -99,6 +99,20 @@ def read_text(path: Path, shown: str) -> TextFile:
     return tf
 
 
+def read_for_edit(path: Path, shown: str, editor=None) -> TextFile:
+    """The text a tool edits: the editor's buffer when it has the file open (ToolContext.editor), else
+    the file as read_text reads it."""
+    text = editor.read(path) if editor is not None else None
+    return TextFile(text) if text is not None else read_text(path, shown)
+
+
+def save(path: Path, tf: TextFile, text: str, tmp_dir: Path, editor=None) -> None:
+    """Write an edited text through the editor when it writes files (`editor.write` returns True), else
+    atomically to disk in the file's own encoding."""
+    if editor is None or not editor.write(path, text):
+        atomic_write(path, tf.encode(text), mode=tf.mode, tmp_dir=tmp_dir)
+
+
 def atomic_write(path: Path, data: bytes, mode: int | None = None, tmp_dir: Path | None = None) -> None:
     """Replace `path` with `data` atomically, creating parent folders; keep `mode` when given.
 

@@ -33,17 +33,8 @@ def read_file(
     """
     real = ctx.workspace.resolve(path)
     shown = ctx.workspace.display(real)
-    if real.is_dir():
-        raise ToolError(f"{shown} is a directory, not a file (use list_dir to see its contents)")
-    if not real.exists():
-        raise ToolError(f"{shown} does not exist{_did_you_mean(real)}")
-    try:
-        raw = real.read_bytes()
-    except OSError as e:
-        raise ToolError(f"cannot read {shown}: {e.strerror}") from None
-    if looks_binary(raw[:SNIFF_BYTES]):
-        raise ToolError(f"{shown} is a binary file ({len(raw)} bytes); read_file only shows text files")
-    lines = decode(raw).text.splitlines()
+    buffer = ctx.editor.read(real) if ctx.editor is not None and not real.is_dir() else None
+    lines = buffer.splitlines() if buffer is not None else _disk_lines(real, shown)
     total = len(lines)
     if total == 0:
         return ToolResult(f"{shown} is empty (0 lines).", data={"path": shown, "total_lines": 0})
@@ -66,6 +57,20 @@ def read_file(
     if end < total:
         text += f"\n[showing lines {offset}-{end} of {total}; continue with offset={end + 1}]"
     return ToolResult(text, data={"path": shown, "start_line": offset, "end_line": end, "total_lines": total})
+
+
+def _disk_lines(real, shown: str) -> list[str]:
+    if real.is_dir():
+        raise ToolError(f"{shown} is a directory, not a file (use list_dir to see its contents)")
+    if not real.exists():
+        raise ToolError(f"{shown} does not exist{_did_you_mean(real)}")
+    try:
+        raw = real.read_bytes()
+    except OSError as e:
+        raise ToolError(f"cannot read {shown}: {e.strerror}") from None
+    if looks_binary(raw[:SNIFF_BYTES]):
+        raise ToolError(f"{shown} is a binary file ({len(raw)} bytes); read_file only shows text files")
+    return decode(raw).text.splitlines()
 
 
 def _did_you_mean(real: os.PathLike) -> str:

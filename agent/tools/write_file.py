@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from agent.tools.base import ToolError, ToolResult, tool
 from agent.tools.context import ToolContext
-from agent.tools.fileio import SNIFF_BYTES, TextFile, atomic_write, decode, looks_binary, unified_diff
+from agent.tools.fileio import SNIFF_BYTES, TextFile, decode, looks_binary, save, unified_diff
 from agent.tools.lint import introduced_problems_note
 
 
@@ -24,7 +24,10 @@ def write_file(ctx: ToolContext, path: str, content: str) -> ToolResult:
         raise ToolError(f"{shown} is a directory")
     before: str | None = None
     tf = TextFile(text="")
-    if real.exists():
+    buffer = ctx.editor.read(real) if ctx.editor is not None else None
+    if buffer is not None:  # the editor's unsaved text is what is overwritten
+        before = tf.text = buffer
+    elif real.exists():
         raw = real.read_bytes()
         if not looks_binary(raw[:SNIFF_BYTES]):
             tf = decode(raw)
@@ -37,7 +40,7 @@ def write_file(ctx: ToolContext, path: str, content: str) -> ToolResult:
                 content.encode("latin-1")
             except UnicodeEncodeError:
                 tf.encoding = "utf-8"
-    atomic_write(real, tf.encode(content), mode=tf.mode, tmp_dir=ctx.workspace.temp_dir())
+    save(real, tf, content, ctx.workspace.temp_dir(), ctx.editor)
     lines = content.count("\n") + (0 if content.endswith("\n") or not content else 1)
     verb = "Created" if before is None and tf.mode is None else "Overwrote"
     lint_note, problems = introduced_problems_note(before, content, shown)

@@ -322,3 +322,55 @@ def test_a_client_that_disappears_ends_the_command_and_saves_the_session(repo):
     assert records[-1]["type"] == "finished" and records[-1]["status"] == "interrupted"
     time.sleep(0.2)
     assert not (repo / "late").exists()
+
+
+class BufferEditor(Editor):
+    """An editor with an unsaved buffer: fs/read_text_file serves it, fs/write_text_file keeps writes."""
+
+    def __init__(self, buffers: dict[str, str]):
+        super().__init__(answers=["always"])
+        self.buffers = buffers
+        self.reads: list[str] = []
+        self.writes: list[tuple[str, str]] = []
+
+    async def read_text_file(self, session_id: str, path: str, line: Any = None, limit: Any = None, **kw: Any):
+        from acp.schema import ReadTextFileResponse
+
+        self.reads.append(path)
+        if path not in self.buffers:
+            raise RequestError.resource_not_found(path)
+        return ReadTextFileResponse(content=self.buffers[path])
+
+    async def write_text_file(self, session_id: str, path: str, content: str, **kw: Any):
+        self.writes.append((path, content))
+        self.buffers[path] = content
+
+
+def test_the_editors_unsaved_buffers_are_what_the_agent_reads_and_edits(repo):
+    """fs/read_text_file and fs/write_text_file, offered by the client: read_file shows the unsaved buffer,
+    edit_file edits it and writes it back through the editor (the disk is the editor's business)."""
+    calc = str(repo / "calc.py")
+    editor = BufferEditor({calc: "def add(a, b):\n    return a * b  # unsaved\n"})
+    script = [{"tool_calls": [{"name": "read_file", "arguments": {"path": "calc.py"}}]},
+              {"tool_calls": [{"name": "edit_file", "arguments": {"path": "calc.py", "old_string": "a * b",
+                                                                  "new_string": "a + b"}}]},
+              {"content": "Fixed the buffer."}]
+
+    async def go():
+        with ScriptedServer(script) as srv:
+            cmd = agent_cmd("acp", "--base-url", srv.base_url)
+            async with spawn_agent_process(editor, cmd[0], *cmd[1:], env=env_for(repo), cwd=str(repo)) as (conn, _):
+                caps = ClientCapabilities(fs={"readTextFile": True, "writeTextFile": True})
+                await conn.initialize(protocol_version=PROTOCOL_VERSION, client_capabilities=caps)
+                sid = (await conn.new_session(cwd=str(repo), mcp_servers=[])).session_id
+                resp = await conn.prompt(session_id=sid, prompt=[text_block("fix")])
+            return resp, srv.chat_requests()
+
+    resp, requests = run(go())
+    assert resp.stop_reason == "end_turn"
+    seen = [m["content"] for m in requests[1]["messages"] if m["role"] == "tool"][0]
+    assert "a * b  # unsaved" in seen
+    assert editor.writes == [(calc, "def add(a, b):\n    return a + b  # unsaved\n")]
+    assert (repo / "calc.py").read_text() == "def add(a, b):\n    return a - b\n"  # the disk untouched
+    diff = next(u for u in editor.of("tool_call_update") if u.content and u.content[0].type == "diff").content[0]
+    assert diff.old_text.endswith("a * b  # unsaved\n") and diff.new_text.endswith("a + b  # unsaved\n")
