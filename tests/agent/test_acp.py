@@ -14,6 +14,7 @@ import asyncio
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -374,3 +375,34 @@ def test_the_editors_unsaved_buffers_are_what_the_agent_reads_and_edits(repo):
     assert (repo / "calc.py").read_text() == "def add(a, b):\n    return a - b\n"  # the disk untouched
     diff = next(u for u in editor.of("tool_call_update") if u.content and u.content[0].type == "diff").content[0]
     assert diff.old_text.endswith("a * b  # unsaved\n") and diff.new_text.endswith("a + b  # unsaved\n")
+
+
+def test_mcp_servers_the_editor_passes_join_the_tools_and_obey_the_mode(repo):
+    """session/new's mcpServers go through our MCP client: the model calls the server's read-only tool;
+    its writing tool is refused in ask mode like any writer."""
+    pytest.importorskip("mcp")
+    from acp.schema import McpServerStdio
+
+    server = McpServerStdio(name="fx", command=sys.executable,
+                            args=[str(Path(__file__).with_name("mcp_server.py")), "stdio"], env=[])
+    script = [{"tool_calls": [{"name": "fx__lookup", "arguments": {"key": "answer"}},
+                              {"name": "fx__append_note", "arguments": {"path": "note.txt", "text": "x"}}]},
+              {"content": "Looked it up."}]
+    editor = Editor()
+
+    async def go():
+        with ScriptedServer(script) as srv:
+            cmd = agent_cmd("acp", "--base-url", srv.base_url, "--mode", "ask")
+            async with spawn_agent_process(editor, cmd[0], *cmd[1:], env=env_for(repo), cwd=str(repo)) as (conn, _):
+                await conn.initialize(protocol_version=PROTOCOL_VERSION, client_capabilities=ClientCapabilities())
+                new = await conn.new_session(cwd=str(repo), mcp_servers=[server])
+                resp = await conn.prompt(session_id=new.session_id, prompt=[text_block("look up the answer")])
+            return new, resp, srv.chat_requests()
+
+    new, resp, requests = run(go())
+    assert new.modes.current_mode_id == "ask" and resp.stop_reason == "end_turn"
+    assert {"fx__lookup", "fx__append_note"} <= {t["function"]["name"] for t in requests[0]["tools"]}
+    ends = {u.tool_call_id: u for u in editor.of("tool_call_update")}
+    assert sorted(u.status for u in ends.values()) == ["completed", "failed"]
+    assert "forty-two" in [m["content"] for m in requests[1]["messages"] if m["role"] == "tool"][0]
+    assert not (repo / "note.txt").exists() and not editor.asks
