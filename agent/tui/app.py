@@ -64,6 +64,8 @@ class ComposerApp(App[int]):
         Binding("ctrl+c", "ctrl_c", show=False, priority=True),
         Binding("ctrl+q", "quit", show=False, priority=True),
         Binding("ctrl+t", "toggle_todos", show=False),
+        # Shift+Tab cycles the mode, as in other agents' apps (it no longer moves focus backwards).
+        Binding("shift+tab", "cycle_mode", show=False, priority=True),
     ]
 
     def __init__(
@@ -366,6 +368,13 @@ class ComposerApp(App[int]):
         else:
             self._last_ctrl_c = self.clock()
             self.notify("Press Ctrl+C again (or Ctrl+D) to quit.", timeout=1.5)
+
+    def action_cycle_mode(self) -> None:
+        if self.controller is None:
+            return
+        modes = ("code", "ask", "plan")
+        following = modes[(modes.index(self.controller.mode) + 1) % len(modes)]
+        self.notify(self.controller.command(f"/mode {following}").text, timeout=2)
 
     def action_toggle_todos(self) -> None:
         self.query_one(TodoPanel).toggle_class("-hidden")

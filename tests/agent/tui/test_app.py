@@ -437,3 +437,26 @@ def test_the_built_in_model_is_named_on_screen_and_its_claims_marked_unverified(
                 await until(pilot, lambda: not app.busy and "unverified" in screen_text(app), "the label")
 
     asyncio.run(body())
+
+
+def test_shift_tab_cycles_the_mode_and_ask_mode_writes_nothing(repo):
+    """Shift+Tab: code → ask → plan → code, through the controller's /mode (the loop's policy)."""
+    script = [{"tool_calls": [{"name": "write_file", "arguments": {"path": "new.txt", "content": "x"}}]},
+              {"content": "I may not write here."}]
+
+    async def body():
+        with ScriptedServer(script) as srv:
+            app = make_app(repo, srv.base_url)
+            async with app.run_test(size=SIZE) as pilot:
+                await connected(pilot)
+                seen = []
+                for _ in range(3):
+                    await pilot.press("shift+tab")
+                    seen.append(app.controller.mode)
+                assert seen == ["ask", "plan", "code"]
+                await pilot.press("shift+tab")
+                await send(pilot, "write a file")
+                await until(pilot, lambda: not app.busy and "I may not write" in screen_text(app), "the answer")
+                assert not (repo / "new.txt").exists()
+
+    asyncio.run(body())
