@@ -169,3 +169,21 @@ def test_cuda_graphs_verify_drafts_with_the_eager_tokens(tiny_hermes):
     finally:
         asyncio.run(plain.stop())
         asyncio.run(spec.stop())
+
+
+def test_float32_with_the_cpu_kernels_verifies_with_the_plain_tokens():
+    """float32 on a CPU decodes through the C++ kernels where built (every layer in one call): there the
+    draft's rows are decode rows reading the cache pages in place, each up to itself."""
+    cfg = dict(dtype="float32", max_num_seqs=8)
+    plain = NativeEngine(str(BUILTIN_DIR), EngineConfig(**cfg))
+    spec = NativeEngine(str(BUILTIN_DIR), EngineConfig(speculative="suffix", speculative_adaptive=False, **cfg))
+    try:
+        params = SamplingParams(max_tokens=50, temperature=0.0, logprobs=True)
+        want, got = run_all(plain, prompts(), params), run_all(spec, prompts(), params)
+        assert [[t.id for t in s] for s in got] == [[t.id for t in s] for s in want]
+        for gs, ws in zip(got, want, strict=True):
+            assert [t.logprob for t in gs] == pytest.approx([t.logprob for t in ws], abs=1e-4)
+        assert spec.spec.accepted > 0
+    finally:
+        asyncio.run(plain.stop())
+        asyncio.run(spec.stop())
