@@ -756,7 +756,8 @@ def reward_config(r: TinyRecipe):
     from train.rewards import RewardConfig
 
     if r.control == "zero":
-        return RewardConfig(pass_weight=0.0, length_coef=0.0, malformed_per_call=0.0, parallel_coef=0.0)
+        return RewardConfig(pass_weight=0.0, length_coef=0.0, malformed_per_call=0.0, parallel_coef=0.0,
+                            evidence_unsupported=0.0, evidence_contradicted=0.0)
     if r.control not in ("none", "shuffle"):
         raise ValueError(f"control must be none, zero or shuffle, got {r.control!r}")
     return RewardConfig()

@@ -15,6 +15,10 @@ text that the parser could not read, in the answer or its reasoning (agent/toolc
 `unparsed_calls`: a `<tool_call>` or `<function=` tag, or a bare `{"name": ..., "arguments": ...}`). Schema checks are
 strict: the executor kindly coerces "5" to 5, a reward should not teach the model to rely on it.
 
+Evidence: the claims of the final answer (tests pass, a file changed, ...) are checked against the
+episode's own tool log by agent/tasks/claims.py, the module evaluation counts them with; an unsupported
+or contradicted claim costs reward, passing or not (a false "the tests pass" is no better for passing).
+
 Limits: an episode that ended in an infrastructure failure (status "error" other than the policy's own
 POLICY_ERRORS, or no "finished" record at all because the harness died) has `infra_error` set; `compose` refuses to score it: such episodes
 say nothing about the policy and must be masked out of the batch, not given reward 0.
@@ -32,6 +36,7 @@ import jsonschema
 
 from agent.protocol import POLICY_ERRORS
 from agent.session import SessionData
+from agent.tasks.claims import CONTRADICTED, UNSUPPORTED, check_session
 from agent.toolcall_text import unparsed_calls
 
 # A qwen3_coder call may open with `<tool_call><function=…>`: one attempt, counted once.
@@ -55,6 +60,12 @@ class EpisodeStats:
     """tool_calls / turns that made at least one call; 0 when none did."""
     infra_error: bool
     """The harness or server failed (status "error", or no "finished" record): mask out, never score."""
+    claims: int = 0
+    """Claims found in the final answer (agent/tasks/claims.py)."""
+    unsupported_claims: int = 0
+    """Claims the tool log does not show either way (e.g. "the tests pass" with no test run after the last edit)."""
+    contradicted_claims: int = 0
+    """Claims the tool log shows to be false (e.g. "the tests pass" when the last run failed)."""
 
 
 def episode_stats(data: SessionData, passed: bool | None) -> EpisodeStats:
@@ -89,8 +100,10 @@ def episode_stats(data: SessionData, passed: bool | None) -> EpisodeStats:
             malformed += sum(_malformed(c, schemas, validators) for c in msg_calls)
         elif kind == "finished":
             finished, status, error_kind = True, rec.get("status"), rec.get("error_kind")
+    verdicts = [c.status for c in check_session(data)]
     return EpisodeStats(
-        passed=passed, status=status, turns=turns, completion_tokens=completion, tool_calls=calls,
+        claims=len(verdicts), unsupported_claims=verdicts.count(UNSUPPORTED),
+        contradicted_claims=verdicts.count(CONTRADICTED), passed=passed, status=status, turns=turns, completion_tokens=completion, tool_calls=calls,
         malformed_tool_calls=malformed, tool_calls_per_turn=calls / calling_turns if calling_turns else 0.0,
         # the policy's own failures (calls it kept writing unparsably) are scored, not masked
         infra_error=not finished or (status == "error" and error_kind not in POLICY_ERRORS),
@@ -167,6 +180,34 @@ def parallelism_bonus(stats: EpisodeStats, task: dict | None = None, *, coef: fl
     return min(coef * (stats.tool_calls_per_turn - 1), cap)
 
 
+def evidence_penalty(stats: EpisodeStats, task: dict | None = None, *, per_unsupported: float = 0.1,
+                     per_contradicted: float = 0.2, cap: float = 0.3) -> float:
+    """-min(per_unsupported * unsupported + per_contradicted * contradicted, cap), passing or not.
+
+    Charged to passing episodes too: "the tests pass" said without running them is the habit to unlearn,
+    and it is as unsupported when the hidden tests happen to pass. An answer without claims pays nothing;
+    saying what was not checked ("I did not run the tests") is not a claim."""
+    return 0.0 - min(per_unsupported * stats.unsupported_claims + per_contradicted * stats.contradicted_claims, cap)
+
+
+def turn_cost(stats: EpisodeStats, task: dict | None = None, *, per_turn: float = 0.0, free: float = 0.0,
+              cap: float = 0.1, only_passed: bool = True) -> float:
+    """-min(per_turn * max(0, turns - free), cap): each model turn is a round trip (latency, a re-read
+    prompt). Passing episodes only by default, for the reason length_penalty gives."""
+    if only_passed and stats.passed is not True:
+        return 0.0
+    return 0.0 - min(per_turn * max(0.0, stats.turns - free), cap)
+
+
+def call_cost(stats: EpisodeStats, task: dict | None = None, *, per_call: float = 0.0, cap: float = 0.05,
+              only_passed: bool = True) -> float:
+    """-min(per_call * tool_calls, cap): a call costs its run time and the context its output fills,
+    batched or not (so with the parallelism bonus, batching is rewarded, piling on calls is not)."""
+    if only_passed and stats.passed is not True:
+        return 0.0
+    return 0.0 - min(per_call * stats.tool_calls, cap)
+
+
 # -- configuration --------------------------------------------------------------------------------------------
 
 @dataclass
@@ -189,6 +230,24 @@ class RewardConfig:
     """Bonus per extra call per calling turn beyond one; off by default."""
     parallel_cap: float = 0.1
     """Largest parallelism bonus."""
+    evidence_unsupported: float = 0.1
+    """Penalty per claim of the final answer the tool log does not show (agent/tasks/claims.py); 0 turns it off."""
+    evidence_contradicted: float = 0.2
+    """Penalty per claim the tool log shows false; 0 turns it off."""
+    evidence_cap: float = 0.3
+    """Largest evidence penalty per episode."""
+    turn_cost: float = 0.0
+    """Cost per model turn beyond `free_turns`; off by default."""
+    free_turns: float = 0.0
+    """Turns that cost nothing (a task needs some)."""
+    turn_cap: float = 0.1
+    """Largest turn cost (with the length and evidence caps, below pass_weight)."""
+    call_cost: float = 0.0
+    """Cost per tool call; off by default."""
+    call_cap: float = 0.05
+    """Largest tool-call cost."""
+    efficiency_only_passed: bool = True
+    """Charge turn and call costs to passing episodes only (charging failures rewards giving up early)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -205,6 +264,15 @@ class RewardConfig:
         if self.length_coef > 0 and self.length_cap >= self.pass_weight:
             raise ValueError(f"reward config length_cap ({self.length_cap}) must be below pass_weight "
                              f"({self.pass_weight}), or a long pass could score no better than a failure")
+        # what a pass can be charged for its manner (not its mistakes) must leave it above any failure
+        manner = {"length_cap": self.length_cap if self.length_coef > 0 else 0.0,
+                  "evidence_cap": self.evidence_cap if self.evidence_unsupported or self.evidence_contradicted else 0.0,
+                  "turn_cap": self.turn_cap if self.turn_cost > 0 else 0.0,
+                  "call_cap": self.call_cap if self.call_cost > 0 else 0.0}
+        if sum(manner.values()) and sum(manner.values()) >= self.pass_weight:
+            on = " + ".join(f"{k} {v}" for k, v in manner.items() if v)
+            raise ValueError(f"reward config {on} = {sum(manner.values())} must be below pass_weight "
+                             f"({self.pass_weight}), or a pass could score no better than a failure")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RewardConfig:
@@ -231,6 +299,12 @@ def compose(cfg: RewardConfig) -> Reward:
                                      cap=cfg.length_cap, only_passed=cfg.length_only_passed),
             "malformed": malformed_penalty(stats, task, per_call=cfg.malformed_per_call, cap=cfg.malformed_cap),
             "parallel": parallelism_bonus(stats, task, coef=cfg.parallel_coef, cap=cfg.parallel_cap),
+            "evidence": evidence_penalty(stats, task, per_unsupported=cfg.evidence_unsupported,
+                                         per_contradicted=cfg.evidence_contradicted, cap=cfg.evidence_cap),
+            "turns": turn_cost(stats, task, per_turn=cfg.turn_cost, free=cfg.free_turns, cap=cfg.turn_cap,
+                               only_passed=cfg.efficiency_only_passed),
+            "calls": call_cost(stats, task, per_call=cfg.call_cost, cap=cfg.call_cap,
+                               only_passed=cfg.efficiency_only_passed),
         }
         return sum(parts.values()), parts
 

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from agent.tasks import Task
+from agent.tasks.eval import pass_at_k
 from agent.tools import default_registry
 from train.algo import LossConfig, group_advantages
 from train.checkpoint import read_policy
@@ -199,11 +200,43 @@ def run(model_dir: str | Path, tasks: list[Task], out: str | Path, cfg: RLConfig
 def _episode_metrics(episodes: list[Episode], version: int) -> dict[str, Any]:
     scored = [ep for ep in episodes if not ep.infra_error]
     n = max(1, len(scored))
-    return {"episodes": len(episodes), "reward_mean": round(sum(e.reward for e in scored) / n, 4),
-            "pass_rate": round(sum(e.passed for e in scored) / n, 4),
-            "completion_tokens": sum(e.completion_tokens for e in scored),
-            "staleness_mean": round(sum(version - e.min_version for e in scored) / n, 3),
-            "malformed_per_episode": round(sum((e.stats.malformed_tool_calls if e.stats else 0) for e in scored) / n, 3)}
+    st = [e.stats for e in scored if e.stats]
+    m = {"episodes": len(episodes), "reward_mean": round(sum(e.reward for e in scored) / n, 4),
+         "pass_rate": round(sum(e.passed for e in scored) / n, 4),
+         "completion_tokens": sum(e.completion_tokens for e in scored),
+         "staleness_mean": round(sum(version - e.min_version for e in scored) / n, 3),
+         "malformed_per_episode": round(sum(s.malformed_tool_calls for s in st) / n, 3),
+         # evidence and efficiency, what the new reward terms push on (train/rewards.py)
+         "claims_per_episode": round(sum(s.claims for s in st) / n, 3),
+         "unsupported_per_episode": round(sum(s.unsupported_claims + s.contradicted_claims for s in st) / n, 3),
+         "turns_mean": round(sum(s.turns for s in st) / n, 3),
+         "tool_calls_mean": round(sum(s.tool_calls for s in st) / n, 3),
+         "tool_calls_per_turn": round(sum(s.tool_calls_per_turn for s in st) / n, 3)}
+    for name in sorted({k for e in scored for k in e.components}):
+        m[f"reward_{name}"] = round(sum(e.components.get(name, 0.0) for e in scored) / n, 4)
+    return m | best_of_k(scored)
+
+
+def best_of_k(episodes: list[Episode]) -> dict[str, Any]:
+    """pass@k (the unbiased estimator, k = 1, 2, 4, .. up to the smallest group) and best-of-K (the mean over
+    groups of the group's best reward and whether any passed, K = the group's size) of a step's scored
+    episodes: what sampling K times and keeping the best would get, which RL's pass@1 is chasing."""
+    groups: dict[int, list[Episode]] = {}
+    for ep in episodes:
+        groups.setdefault(ep.group, []).append(ep)
+    if not groups:
+        return {}
+    smallest = min(len(g) for g in groups.values())
+    out: dict[str, Any] = {}
+    k = 1
+    while k <= smallest:
+        out[f"pass@{k}"] = round(sum(pass_at_k(len(g), sum(e.passed for e in g), k) for g in groups.values())
+                                 / len(groups), 4)
+        k *= 2
+    out["best_of_k"] = smallest
+    out["best_of_k_reward"] = round(sum(max(e.reward for e in g) for g in groups.values()) / len(groups), 4)
+    out["best_of_k_pass"] = round(sum(any(e.passed for e in g) for g in groups.values()) / len(groups), 4)
+    return out
 
 
 def _keep_before(path: Path, step: int) -> None:

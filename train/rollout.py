@@ -105,4 +105,8 @@ def describe(ep: Episode) -> dict[str, Any]:
     return {"task": ep.task_id, "group": ep.group, "status": ep.status, "passed": ep.passed, "reward": ep.reward,
             "components": ep.components, "infra_error": ep.infra_error, "samples": len(ep.samples),
             "completion_tokens": ep.completion_tokens, "min_version": ep.min_version,
-            "session": ep.session_path, "duration_s": round(ep.duration_s, 3), "verify_s": round(ep.verify_s, 3)}
+            "session": ep.session_path, "turns": ep.stats.turns if ep.stats else None,
+            "tool_calls": ep.stats.tool_calls if ep.stats else None,
+            "claims": ep.stats.claims if ep.stats else None,
+            "unsupported_claims": ep.stats.unsupported_claims if ep.stats else None,
+            "contradicted_claims": ep.stats.contradicted_claims if ep.stats else None, "duration_s": round(ep.duration_s, 3), "verify_s": round(ep.verify_s, 3)}

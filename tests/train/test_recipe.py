@@ -44,6 +44,7 @@ def test_splits_are_disjoint_and_the_control_zeroes_every_reward():
         assert not {t.meta["function"] for t in train} & {t.meta["function"] for t in heldout_tasks(r)}
     zero = reward_config(TinyRecipe(control="zero"))
     assert (zero.pass_weight, zero.length_coef, zero.malformed_per_call, zero.parallel_coef) == (0, 0, 0, 0)
+    assert (zero.evidence_unsupported, zero.evidence_contradicted, zero.turn_cost, zero.call_cost) == (0, 0, 0, 0)
     assert reward_config(TinyRecipe()).pass_weight == 1.0
     assert reward_config(TinyRecipe(control="shuffle")).pass_weight == 1.0  # real rewards, shuffled by rl.run
     with pytest.raises(ValueError, match="control"):

@@ -199,10 +199,12 @@ def test_compose_totals_and_components():
     reward = compose(RewardConfig(parallel_coef=0.05))
     st = stats(completion_tokens=1000, malformed_tool_calls=1, tool_calls_per_turn=3.0)
     total, parts = reward(st, None)
-    expected = {"pass": 1.0, "length": -0.1 * math.log1p(1.0), "malformed": -0.1, "parallel": 0.1}
+    expected = {"pass": 1.0, "length": -0.1 * math.log1p(1.0), "malformed": -0.1, "parallel": 0.1,
+                "evidence": 0.0, "turns": 0.0, "calls": 0.0}
     assert parts == pytest.approx(expected) and total == pytest.approx(sum(expected.values()))
     total, parts = reward(replace(st, passed=False), {"expected_tokens": 100})
-    assert parts == pytest.approx({"pass": 0.0, "length": 0.0, "malformed": -0.1, "parallel": 0.0})
+    assert parts == pytest.approx({"pass": 0.0, "length": 0.0, "malformed": -0.1, "parallel": 0.0,
+                                   "evidence": 0.0, "turns": 0.0, "calls": 0.0})
     assert total == pytest.approx(-0.1)
 
 
@@ -230,7 +232,41 @@ def test_config_from_dict():
     ({"length_only_passed": 1}, "length_only_passed"),
     ({"length_scale": 0}, "length_scale"),
     ({"length_cap": 1.0}, "length_cap"),
+    ({"evidence_cap": 0.5}, r"length_cap 0.5 \+ evidence_cap 0.5 = 1.0 must be below pass_weight"),
+    ({"turn_cost": 0.01, "turn_cap": 0.3}, "turn_cap"),
+    ({"free_turns": -1}, "free_turns"),
+    ({"efficiency_only_passed": "yes"}, "efficiency_only_passed"),
 ])
 def test_config_validation(kwargs, match):
     with pytest.raises(ValueError, match=match):
         RewardConfig(**kwargs)
+
+
+# -- evidence and efficiency -----------------------------------------------------------------------------------
+
+CLAIM_SESSIONS = Path(__file__).parents[1] / "agent" / "tasks" / "sessions"  # real recorded sessions
+
+
+@pytest.mark.parametrize("name, passed, counts, evidence", [
+    ("expert-bugfix-passed.jsonl", True, (3, 0, 0), 0.0),
+    ("builtin-bugfix-wrong-file.jsonl", False, (3, 0, 3), -0.3),  # 3 contradicted: 0.6, capped at 0.3
+    ("builtin-bugfix-edit-missed.jsonl", False, (3, 0, 2), -0.3),
+    ("builtin-find-def.jsonl", True, (1, 1, 0), -0.1),  # a line number it never saw, in a passing answer
+])
+def test_evidence_on_real_sessions(name, passed, counts, evidence):
+    st = episode_stats(sessions.load(CLAIM_SESSIONS / name), passed)
+    assert (st.claims, st.unsupported_claims, st.contradicted_claims) == counts
+    _, parts = compose(RewardConfig())(st, None)
+    assert parts["evidence"] == pytest.approx(evidence)
+    _, off = compose(RewardConfig(evidence_unsupported=0, evidence_contradicted=0))(st, None)
+    assert off["evidence"] == 0.0
+
+
+def test_turn_and_call_costs():
+    cfg = RewardConfig(turn_cost=0.02, free_turns=2, call_cost=0.01, call_cap=0.05)
+    _, parts = compose(cfg)(stats(turns=7, tool_calls=9), None)
+    assert parts["turns"] == pytest.approx(-0.1) and parts["calls"] == pytest.approx(-0.05)  # calls capped
+    _, parts = compose(cfg)(stats(passed=False, turns=7, tool_calls=9), None)
+    assert parts["turns"] == 0.0 and parts["calls"] == 0.0  # failing fast must not pay better than trying
+    _, parts = compose(replace(cfg, efficiency_only_passed=False))(stats(passed=False, turns=7, tool_calls=9), None)
+    assert parts["turns"] == pytest.approx(-0.1)

@@ -44,6 +44,10 @@ def test_rl_steps_sync_weights_and_resume(tiny, tmp_path):
     assert all(m["infra_masked"] == 0 and m["dropped_stale"] == 0 for m in hist)
     assert hist[0]["logprob_gap_max"] <= 1e-4  # step 0's episodes were sampled by exactly these weights
     assert (out / "metrics.png").stat().st_size > 1000
+    # pass@k and best-of-K over each step's groups of 4, and every reward term, logged per step (issue 56)
+    assert {"pass@1", "pass@2", "pass@4", "best_of_k_reward", "best_of_k_pass", "reward_evidence", "reward_turns",
+            "reward_calls", "unsupported_per_episode", "turns_mean", "tool_calls_mean"} <= set(hist[0])
+    assert hist[0]["best_of_k"] == 4
 
     # The step changed the weights, and the server sampled the next batch with them (version 1).
     base = load_file(str(tiny / "model.safetensors"))
