@@ -71,6 +71,9 @@ class Task:
     """How many completion tokens a good solution needs (scales the length penalty)."""
     meta: dict[str, Any] | None = None
     """Anything else worth keeping (the injected bug, the failing test, ...)."""
+    reference_patch: str | None = None
+    """A known fix as a unified diff, from builders that know it (SWE rows' `patch`): the quality metrics
+    compare an episode's diff with it. "" means the task needs no change (a question); None: not known."""
 
     def __post_init__(self) -> None:
         if not self.id or not self.prompt or not self.verify:

@@ -16,7 +16,7 @@ For each module (a pure-Python stdlib module `X` with a test module `test/test_X
 3. a task is written: DIR/workspaces/<id>/ (the mutated module + the test file), DIR/hidden/<id>/ (a
    pristine copy of the test file, put back before verification so editing the test cannot pass), and
    a line in DIR/tasks.jsonl whose prompt is a short user report made from the first failing test's
-   output. Verify runs the whole test module (`python -m unittest test_X`), so the fix must keep the
+   output, and whose `reference_patch` undoes the mutation. Verify runs the whole test module (`python -m unittest test_X`), so the fix must keep the
    module's other tests passing.
 
 Everything is a function of the seed and of the Python version the tests come from (the verify
@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.tasks.families.mutate import mutations
+from agent.tasks.patches import make_patch
 from agent.tasks.spec import Task, write_tasks
 
 FAMILY = "stdlib-bug"
@@ -492,6 +493,7 @@ def write_task(out: Path, found: Found, index: int, seed: int, split: str = "") 
         if d.exists():
             shutil.rmtree(d)
     copy_module(name, ws)
+    pristine = (ws / found.target.file).read_text(encoding="utf-8")
     (ws / found.target.file).write_text(found.text, encoding="utf-8")
     hidden.mkdir(parents=True)
     shutil.copy2(test_file_of(name), hidden / f"test_{name}.py")
@@ -501,6 +503,7 @@ def write_task(out: Path, found: Found, index: int, seed: int, split: str = "") 
                 hidden=f"hidden/{tid}", max_turns=20, max_time_s=600.0,
                 verify_timeout_s=float(max(60, round(10 * found.baseline.seconds))), family=FAMILY,
                 tag=found.kind, split=split,
+                reference_patch=make_patch({found.target.file: found.text}, {found.target.file: pristine}),
                 meta={"module": name, "file": found.target.file, "function": found.target.qualname,
                       "mutation": found.kind, "line": found.diff_line, "test_module": f"test_{name}",
                       "failing_tests": found.result.failing, "tests": found.baseline.tests_run,

@@ -4,7 +4,8 @@
 
 Each row has SWE-bench's fields: instance_id, repo ("owner/name"), base_commit, problem_statement,
 test_patch, FAIL_TO_PASS and PASS_TO_PASS (JSON-encoded lists of pytest test ids, or lists); others
-(version, environment_setup_commit, patch, hints_text, created_at) are ignored. INPUT may also be a
+(version, environment_setup_commit, hints_text, created_at) are ignored, but `patch` (the gold fix) becomes
+the task's `reference_patch`, which the eval's quality metrics compare an episode's diff with. INPUT may also be a
 JSON array of such rows. `repo` is resolved to a local git repository: DIR/owner__name, then DIR/name
 (DIR defaults to INPUT's folder), or the value itself when it is a path to one. Rows whose repository
 or base commit is not there, or whose tests are not pytest ids, are skipped with a message on stderr.
@@ -113,6 +114,7 @@ def to_task(row: dict[str, Any], repos_dir: Path, split: str = "", max_turns: in
     return Task(id=iid, prompt=str(row["problem_statement"]).strip(), verify=verify_command(f2p, p2p),
                 repo=str(repo), commit=commit, hidden_patch=patch, max_turns=max_turns, max_time_s=max_time_s,
                 verify_timeout_s=verify_timeout_s, family=FAMILY, tag=str(row.get("repo", "")), split=split,
+                reference_patch=str(row["patch"]) if row.get("patch") else None,
                 meta={"instance_id": iid, "repo": row["repo"], "FAIL_TO_PASS": f2p, "PASS_TO_PASS": p2p,
                       **({"version": row["version"]} if row.get("version") else {})})
 

@@ -22,12 +22,14 @@ from __future__ import annotations
 import functools
 import json
 import random
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from agent.tasks.families import mutate
 from agent.tasks.families.pool import HELDOUT, HELDOUT_BASE, TRAIN, Fn, Pool
+from agent.tasks.patches import make_patch
 from agent.tasks.spec import Task
 
 FAMILIES = ("bugfix", "find-def", "rename", "add-param")
@@ -43,13 +45,19 @@ class Generated:
     plan: list[dict[str, Any]]  # expert turns: {"content", "reasoning", "tool_calls": [{name, arguments}]}
     meta: dict[str, Any] = field(default_factory=dict)
     expected_tokens: int = 200
+    fixed: dict[str, str] = field(default_factory=dict)  # the files a correct solution changes, as it leaves them
+
+
+def reference_patch(g: Generated) -> str:
+    """The known fix as a unified diff ("" for a question: nothing needs to change)."""
+    return make_patch({p: g.files[p] for p in g.fixed if p in g.files}, g.fixed)
 
 
 def generate(family: str, seed: int, size: str = "small", split: str = "") -> Task:
     g = build(family, seed, size)
     return Task(id=f"{family}-{size}-{seed}", prompt=g.prompt, verify=VERIFY, generator=family, seed=seed, size=size,
                 family=family, tag=size, split=split, expected_tokens=g.expected_tokens, meta=g.meta,
-                max_turns=12, max_time_s=300.0)
+                max_turns=12, max_time_s=300.0, reference_patch=reference_patch(g))
 
 
 def materialize(task: Task, root: Path, hidden: bool) -> None:
@@ -225,8 +233,9 @@ def _bugfix(pool: Pool, rng: random.Random, size: str) -> Generated:
         {"tool_calls": [_call("shell", command=_test_cmd(target_mod))]},
         {"content": f"Fixed `{fn.name}` in {path}: the {kind.replace('_', ' ')} is corrected and the tests pass."},
     ]
+    fixed = {path: "\n\n".join(f.canonical for f in fns) + "\n"}
     return Generated(files, _checker(_all_cases(pool, modules)), prompt, plan,
-                     {"function": fn.name, "module": path, "mutation": kind}, expected_tokens=250)
+                     {"function": fn.name, "module": path, "mutation": kind}, expected_tokens=250, fixed=fixed)
 
 
 def _find_def(pool: Pool, rng: random.Random, size: str) -> Generated:
@@ -244,7 +253,8 @@ def _find_def(pool: Pool, rng: random.Random, size: str) -> Generated:
              f"if {path!r} not in answer:\n    bad.append('the answer does not name {path}')\n"
              f"others = sorted(set(__import__('re').findall(r'pkg/\\w+\\.py', answer)) - {{{path!r}}})\n"
              f"if others:\n    bad.append(f'the answer also names {{others}}')\n")
-    plan = [{"tool_calls": [_call("grep", pattern=f"def {fn.name}\\(")]},
+    # content mode, so the line the answer names is one the tools showed (the claims check wants evidence)
+    plan = [{"tool_calls": [_call("grep", pattern=f"def {fn.name}\\(", output_mode="content")]},
             {"content": f"`{fn.name}` is defined in {path}, line {line}."}]
     return Generated(files, _checker(_all_cases(pool, modules), extra), prompt, plan,
                      {"function": fn.name, "module": path, "line": line}, expected_tokens=60)
@@ -272,8 +282,9 @@ def _rename(pool: Pool, rng: random.Random, size: str) -> Generated:
              "tool_calls": [_call("shell", command=sed)]},
             {"tool_calls": [_call("grep", pattern=f"\\b{fn.name}\\b"), _call("shell", command="python -m pytest -q -p no:cacheprovider tests")]},
             {"content": f"Renamed `{fn.name}` to `{new}` in {', '.join(users)}; the tests pass."}]
+    fixed = {p: re.sub(rf"\b{re.escape(fn.name)}\b", new, files[p]) for p in users}
     return Generated(files, _checker(cases, extra), prompt, plan,
-                     {"function": fn.name, "new_name": new, "files": users}, expected_tokens=200)
+                     {"function": fn.name, "new_name": new, "files": users}, expected_tokens=200, fixed=fixed)
 
 
 def _add_param(pool: Pool, rng: random.Random, size: str) -> Generated:
@@ -300,5 +311,7 @@ def _add_param(pool: Pool, rng: random.Random, size: str) -> Generated:
                             _call("edit_file", path="pkg/report.py", old_string=old_call, new_string=new_call)]},
             {"tool_calls": [_call("shell", command="python -m pytest -q -p no:cacheprovider tests")]},
             {"content": f"`{name}` now takes `{param}` (default {default}); report.summary() passes {param}={value!r}."}]
+    fixed = {path: files[path].replace(fn.canonical, new_canonical, 1),
+             "pkg/report.py": files["pkg/report.py"].replace(old_call, new_call, 1)}
     return Generated(files, _checker(cases, extra), prompt, plan,
-                     {"function": name, "param": param, "module": path}, expected_tokens=220)
+                     {"function": name, "param": param, "module": path}, expected_tokens=220, fixed=fixed)

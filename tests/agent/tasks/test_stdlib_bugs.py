@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.tasks.patches import patch_files, patch_lines
 from agent.tasks.stdlib_bugs import (
     FAMILY,
     Skip,
@@ -131,6 +132,13 @@ def test_verify_passes_after_restoring_the_original_function(built):
             assert path.read_text() == good
             passed, output = ws.verify()
             assert passed, output
+        finally:
+            ws.cleanup()
+        ws = Workspace.create(t)  # the task's reference_patch is that same fix, as `git apply` takes it
+        try:
+            subprocess.run(["git", "apply", "-"], input=t.reference_patch, text=True, cwd=ws.root, check=True)
+            assert (ws.root / m["file"]).read_text() == good
+            assert patch_files(t.reference_patch) == [m["file"]] and 2 <= patch_lines(t.reference_patch) <= 8
         finally:
             ws.cleanup()
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.tasks.patches import patch_files, patch_lines
 from agent.tasks.suites import load_tasks
 from agent.tasks.swebench import Skipped, parse_test_ids, resolve_repo, verify_command
 from agent.tasks.workspace import Workspace
@@ -52,10 +53,11 @@ def _make(tmp_path: Path):
     test_patch = subprocess.run(["git", "diff"], cwd=repo, check=True, capture_output=True, text=True).stdout
     git(repo, "checkout", "-q", "--", ".")
     (repo / "calc.py").write_text(FIXED)  # upstream fixed it later: a workspace at HEAD would pass
+    gold = subprocess.run(["git", "diff"], cwd=repo, check=True, capture_output=True, text=True).stdout
     git(repo, "commit", "-q", "-am", "fix add")
     rows = [
         {"instance_id": "owner__calc-1", "repo": "owner/calc", "base_commit": base, "version": "1.0",
-         "environment_setup_commit": base, "patch": "ignored", "problem_statement": "add(2, 3) gives -1, should be 5",
+         "environment_setup_commit": base, "patch": gold, "problem_statement": "add(2, 3) gives -1, should be 5",
          "test_patch": test_patch, "FAIL_TO_PASS": json.dumps(["tests/test_calc.py::test_add"]),
          "PASS_TO_PASS": json.dumps(["tests/test_calc.py::test_sub", "tests/test_calc.py::test_param[a b]",
                                      "tests/test_calc.py::test_param[x;$(touch PWNED)]"])},
@@ -88,6 +90,8 @@ def test_import_skips_what_is_not_here(fixture):
     assert task.prompt == "add(2, 3) gives -1, should be 5"
     assert "test_add" in task.hidden_patch and "test_add" not in task.prompt
     assert task.meta["FAIL_TO_PASS"] == ["tests/test_calc.py::test_add"] and len(task.meta["PASS_TO_PASS"]) == 3
+    # the gold patch is the reference fix the quality metrics compare with: calc.py, one line swapped
+    assert patch_files(task.reference_patch) == ["calc.py"] and patch_lines(task.reference_patch) == 2
 
 
 def test_verify_fails_at_base_and_passes_with_the_fix(fixture):
