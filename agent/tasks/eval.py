@@ -4,7 +4,10 @@ N episodes run at once, each task `repeat` times; every episode's result goes to
 it finishes (so `--resume` skips what is done), then OUT/report.json, a table on stdout and
 OUT/report.png. Reported overall and per family: pass@1 (mean over repeats), pass@k (the unbiased
 estimator, k = repeat), prompt and completion tokens, tool calls, tool calls per turn, turns and wall
-time per episode; episodes lost to infrastructure errors are counted apart, not as failures.
+time per episode, and the quality metrics of agent/tasks/quality.py (test edits, which fail an episode;
+diff size, unneeded files and size against the reference fix; new lint problems; formatter-rewritten
+lines; unsupported claims), each averaged over the episodes where it was measured; episodes lost to
+infrastructure errors are counted apart, not as failures.
 RL uses the same runner (agent.tasks.runner) for held-out pass rates.
 """
 
@@ -21,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.config import Config
+from agent.tasks.quality import METRICS as QUALITY
+from agent.tasks.quality import figures
 from agent.tasks.runner import EpisodeResult, run_episode
 from agent.tasks.spec import Task
 from agent.tasks.variation import draw
@@ -82,7 +87,7 @@ def run_eval(tasks: list[Task], config: Config, ecfg: EvalConfig, out: str | Pat
         task, r = job
         variation = draw(f"{task.id}/{r}") if ecfg.vary_environment else None
         res: EpisodeResult = run_episode(task, config, keep_dir=out / "sessions", label=f"r{r}", sandbox=ecfg.sandbox,
-                                         variation=variation)
+                                         variation=variation, quality=True)
         row = {**res.as_dict(), "repeat": r, "family": task.family or task.tag}
         with lock:
             rows.append(row)
@@ -120,6 +125,10 @@ def summarize(rows: list[dict[str, Any]], k: int) -> dict[str, Any]:
                                    / len(by_task), 4)
             for m in METRICS:
                 b[m] = round(sum(r.get(m, 0) or 0 for r in scored) / len(scored), 3)
+            figs = [figures(r.get("quality")) for r in scored]
+            for m in QUALITY:
+                vals = [f[m] for f in figs if f[m] is not None]
+                b[m] = round(sum(vals) / len(vals), 3) if vals else None
         return b
 
     fams = sorted({r.get("family") or "" for r in rows})
@@ -132,9 +141,13 @@ def table(report: dict[str, Any], k: int) -> str:
             "turns", "duration_s", "infra_errors"]
     if k == 1:
         cols.remove("pass@1")
+    return _markdown(report, cols) + "\n\nquality per episode (mean; '-' where not measured):\n" + _markdown(report, QUALITY)
+
+
+def _markdown(report: dict[str, Any], cols: list[str] | tuple[str, ...]) -> str:
     lines = ["| family | " + " | ".join(cols) + " |", "|" + " --- |" * (len(cols) + 1)]
     for name, b in [*report["families"].items(), ("all", report["overall"])]:
-        lines.append(f"| {name} | " + " | ".join(str(b.get(c, "")) for c in cols) + " |")
+        lines.append(f"| {name} | " + " | ".join("-" if b.get(c) is None else str(b[c]) for c in cols) + " |")
     return "\n".join(lines)
 
 
@@ -149,12 +162,25 @@ def plot_report(report: dict[str, Any], png: Path) -> Path | None:
     fams = list(report["families"])
     if not fams:
         return None
-    fig, axes = plt.subplots(1, 2, figsize=(8, 3))
-    axes[0].bar(fams, [report["families"][f].get("pass@1", 0) for f in fams])
+    fig, axes = plt.subplots(2, 2, figsize=(9, 6))
+    axes = axes.ravel()
+    fb = report["families"]
+    axes[0].bar(fams, [fb[f].get("pass@1", 0) for f in fams])
     axes[0].set_ylim(0, 1)
     axes[0].set_title("pass@1", fontsize=9)
-    axes[1].bar(fams, [report["families"][f].get("completion_tokens", 0) for f in fams])
+    axes[1].bar(fams, [fb[f].get("completion_tokens", 0) for f in fams])
     axes[1].set_title("completion tokens / episode", fontsize=9)
+    axes[2].bar(fams, [fb[f].get("lines_changed") or 0 for f in fams], label="lines changed")
+    axes[2].plot(fams, [fb[f].get("size_ratio") or 0 for f in fams], "o", color="C3", label="size / reference")
+    axes[2].set_title("diff per episode", fontsize=9)
+    axes[2].legend(fontsize=6)
+    bad = ("test_edit", "unneeded_files", "new_lint", "format_issues", "unsupported_claims")
+    width = 0.8 / len(bad)
+    for i, m in enumerate(bad):
+        axes[3].bar([x + i * width for x in range(len(fams))], [fb[f].get(m) or 0 for f in fams], width, label=m)
+    axes[3].set_xticks([x + 0.4 - width / 2 for x in range(len(fams))], fams)
+    axes[3].set_title("quality problems / episode (0 is clean)", fontsize=9)
+    axes[3].legend(fontsize=6)
     for ax in axes:
         ax.tick_params(labelsize=7)
     fig.tight_layout()

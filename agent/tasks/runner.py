@@ -21,6 +21,7 @@ from agent.config import Config
 from agent.protocol import POLICY_ERRORS
 from agent.runtime import build
 from agent.session import SessionData, load
+from agent.tasks.quality import Baseline, measure
 from agent.tasks.spec import Task
 from agent.tasks.variation import Variation
 from agent.tasks.workspace import Workspace
@@ -69,14 +70,18 @@ def episode_config(base: Config, task: Task, sandbox: bool | None = None) -> Con
 
 
 def run_episode(task: Task, config: Config, *, keep_dir: Path | None = None, label: str = "",
-                sandbox: bool | None = None, variation: Variation | None = None) -> EpisodeResult:
+                sandbox: bool | None = None, variation: Variation | None = None,
+                quality: bool = False) -> EpisodeResult:
     """Run `task` once in a fresh workspace; the session file is copied into `keep_dir` if given and
     read back once into `result.session` (what training builds its samples from). A `variation` (training
-    data) sets the workspace's folder and git state and the date the system prompt names."""
+    data) sets the workspace's folder and git state and the date the system prompt names. With `quality`
+    (eval), `extra["quality"]` holds agent.tasks.quality's figures, and an episode that edited tests or
+    the verifier's files does not pass whatever the verifier says (`extra["fail_reason"]` says so)."""
     start = time.monotonic()
     ws: Workspace | None = None
     try:
         ws = Workspace.create(task, variation=variation)
+        baseline = Baseline.take(ws.root, ws.home) if quality else None
         cfg = episode_config(config, task, sandbox)
         try:
             rt = build(cfg, ws.root, emit=lambda e: None, approve=Approvals("auto"),
@@ -102,9 +107,17 @@ def run_episode(task: Task, config: Config, *, keep_dir: Path | None = None, lab
                                                 and finished.error_kind not in POLICY_ERRORS):
             res.infra_error = finished.error or finished.status
         else:
+            q = measure(task, baseline, finished.final_text, res.session) if baseline else None
             t0 = time.monotonic()
             res.passed, res.verify_output = ws.verify(finished.final_text)
             res.verify_s = time.monotonic() - t0
+            if q is not None:
+                res.extra.update(quality=q, verify_passed=res.passed)
+                if q["test_edits"]:
+                    res.passed = False
+                    res.extra["fail_reason"] = f"edited tests or verifier files: {', '.join(q['test_edits'])}"
+                elif not res.passed:
+                    res.extra["fail_reason"] = "the verifier failed"
         res.duration_s = time.monotonic() - start
         return res
     except Exception:  # noqa: BLE001 - one broken episode must not take a whole run down

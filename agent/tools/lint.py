@@ -42,9 +42,9 @@ def ruff_bin() -> str:
         raise ToolError("ruff is not installed in this environment") from None
 
 
-def _ruff_json(text: str, filename: str) -> list[dict]:
+def _ruff_json(text: str, filename: str, select: str = INTRODUCED_SELECT) -> list[dict]:
     proc = subprocess.run(
-        [ruff_bin(), "check", "--isolated", "--select", INTRODUCED_SELECT, "--output-format", "json",
+        [ruff_bin(), "check", "--isolated", "--select", select, "--output-format", "json",
          "--stdin-filename", filename, "-"],
         input=text.encode(), capture_output=True, timeout=60,
     )
@@ -56,8 +56,9 @@ def _ruff_json(text: str, filename: str) -> list[dict]:
         return []
 
 
-def new_python_problems(before: str | None, after: str, filename: str) -> list[str]:
-    """Diagnostics present in `after` and not in `before`, as 'line:col: CODE message' strings."""
+def new_python_problems(before: str | None, after: str, filename: str, select: str = INTRODUCED_SELECT) -> list[str]:
+    """Diagnostics present in `after` and not in `before`, as 'line:col: CODE message' strings (`select`:
+    ruff's rule codes; the eval's quality metrics ask for ruff's default set)."""
 
     def keyed(text: str, diags: list[dict]) -> list[tuple[tuple, dict]]:
         lines = text.splitlines()
@@ -69,8 +70,8 @@ def new_python_problems(before: str | None, after: str, filename: str) -> list[s
         return out
 
     with ThreadPoolExecutor(2) as pool:
-        fut_before = pool.submit(_ruff_json, before, filename) if before is not None else None
-        diags_after = _ruff_json(after, filename)
+        fut_before = pool.submit(_ruff_json, before, filename, select) if before is not None else None
+        diags_after = _ruff_json(after, filename, select)
         diags_before = fut_before.result() if fut_before else []
     seen = Counter(k for k, _ in keyed(before or "", diags_before))
     # A file that did not parse before has no trustworthy baseline: only syntax errors count then.

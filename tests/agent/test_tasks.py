@@ -11,6 +11,7 @@ import pytest
 from agent.tasks import Task, TaskError, Workspace, load_tasks
 from agent.tasks.eval import pass_at_k
 from agent.tasks.families import FAMILIES, RENAMED_BASE, SIZES, build, expert_plan, generate
+from agent.tasks.quality import figures
 from agent.tasks.suites import HELDOUT_BASE, builtin
 
 
@@ -161,6 +162,12 @@ def test_eval_with_the_expert_reports_what_the_trajectories_show(tmp_path):
             rec = json.loads(line)
             calls += len(rec.get("calls", [])) if rec["type"] == "tools" else 0
     assert report["overall"]["tool_calls"] == pytest.approx(calls / len(rows), abs=1e-3)
+    # the expert is clean on every quality metric (each metric's failing case: tests/agent/tasks/test_quality.py)
+    assert "quality per episode" in r.stdout
+    for row in rows:
+        f = figures(row["quality"])
+        assert f["test_edit"] == 0 and f["unneeded_files"] == 0 and f["size_ratio"] == 1.0, row
+        assert f["new_lint"] == 0 and f["format_issues"] == 0 and f["unsupported_claims"] in (0, None), row
     # --resume finds everything done and runs nothing new
     r2 = subprocess.run([sys.executable, "-m", "agent.cli", "eval", "synthetic-small", "--expert", "--limit", "4",
                          "--out", str(out), "--resume", "--no-sandbox"], cwd=tmp_path, capture_output=True, text=True,
