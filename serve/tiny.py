@@ -19,6 +19,11 @@ from pathlib import Path
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 # Added tokens that stay visible in decoded text (the tool-call parser needs to see them).
 TEXT_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
+# The tool-call tags that are single added tokens in both formats' real tokenizers (Qwen3, Qwen3-Coder: not
+# special there; Qwen3-Coder's <function=...>/<parameter=...> are plain text, no added tokens). Some
+# checkpoints mark them special, so decoding with skip_special_tokens drops them: `special_tool_tags` builds
+# such a tokenizer (same ids), for testing that tool calls still parse.
+TOOL_TAGS = ["<tool_call>", "</tool_call>"]
 TEMPLATES = {"hermes": "chatml_hermes.jinja", "qwen3_coder": "chatml_qwen3_coder.jinja"}
 
 
@@ -46,8 +51,9 @@ def template_text(name: str) -> str:
     return resources.files("serve").joinpath("templates", TEMPLATES[name]).read_text()
 
 
-def train_tokenizer(vocab_size: int, max_bytes: int = 400_000):
-    """A byte-level BPE trained on stdlib sources (deterministic for a given stdlib)."""
+def train_tokenizer(vocab_size: int, max_bytes: int = 400_000, special_tool_tags: bool = False):
+    """A byte-level BPE trained on stdlib sources (deterministic for a given stdlib); with
+    `special_tool_tags` the TOOL_TAGS are special added tokens (the same ids either way)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     stdlib = Path(sysconfig.get_paths()["stdlib"])
@@ -64,18 +70,21 @@ def train_tokenizer(vocab_size: int, max_bytes: int = 400_000):
     trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(TEXT_TOKENS), special_tokens=SPECIAL_TOKENS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(texts, trainer)
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TEXT_TOKENS])
+    tok.add_tokens([AddedToken(t, special=special_tool_tags and t in TOOL_TAGS, normalized=False)
+                    for t in TEXT_TOKENS])
     return tok
 
 
 def build_tiny_checkpoint(path: str | Path, *, template: str = "hermes", spec: TinySpec | None = None,
                           seed: int = 0, dtype: str = "float32", tokenizer_from: str | Path | None = None,
-                          rope: dict | None = None, max_shard_size: str | None = None) -> Path:
+                          rope: dict | None = None, max_shard_size: str | None = None,
+                          special_tool_tags: bool = False) -> Path:
     """Write a random Qwen3-MoE checkpoint + tokenizer + chat template to `path`; return it.
 
     `tokenizer_from` copies the tokenizer files of another tiny checkpoint instead of training one
     (fast variants with the same vocabulary); `rope` overrides the rope parameters (e.g. YaRN);
-    `max_shard_size` (e.g. "200KB") writes a sharded checkpoint with an index.
+    `max_shard_size` (e.g. "200KB") writes a sharded checkpoint with an index; `special_tool_tags` marks
+    `<tool_call>` and `</tool_call>` special in the tokenizer it trains (ignored with `tokenizer_from`).
     """
     import shutil
 
@@ -91,7 +100,7 @@ def build_tiny_checkpoint(path: str | Path, *, template: str = "hermes", spec: T
             shutil.copy(Path(tokenizer_from) / name, path / name)
         tok = Tokenizer.from_file(str(path / "tokenizer.json"))
     else:
-        tok = train_tokenizer(spec.vocab_size)
+        tok = train_tokenizer(spec.vocab_size, special_tool_tags=special_tool_tags)
         fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                        model_max_length=spec.max_position_embeddings)
         fast.chat_template = template_text(template)
