@@ -176,7 +176,7 @@ def _items(out: ChoiceOut, rid: str, status: str = "completed") -> list[dict[str
         items.append(_reasoning_item(rid, "".join(out.reasoning)))
     text = "".join(out.content).strip() if out.tool_calls else "".join(out.content)
     if text or not out.tool_calls:
-        items.append(_message_item(rid, text, status))
+        items.append(_message_item(_message_id(rid, 0), text, status))
     items += [_call_item(c, status) for c in out.tool_calls]
     return items
 
@@ -185,8 +185,13 @@ def _reasoning_item(rid: str, text: str) -> dict[str, Any]:
     return {"type": "reasoning", "id": f"rs_{rid}", "summary": [], "content": [{"type": "reasoning_text", "text": text}]}
 
 
-def _message_item(rid: str, text: str, status: str) -> dict[str, Any]:
-    return {"type": "message", "id": f"msg_{rid}", "status": status, "role": "assistant",
+def _message_id(rid: str, n: int) -> str:
+    """The n-th message item's id (a streamed answer opens another after a call when text follows it)."""
+    return f"msg_{rid}" + (f"_{n}" if n else "")
+
+
+def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant",
             "content": [{"type": "output_text", "text": text, "annotations": []}] if status == "completed" or text
             else []}
 
@@ -258,19 +263,24 @@ async def _stream(state: ServerState, req: ResponsesRequest, p: Prepared, rid: s
     output: list[dict[str, Any]] = []
     text_at: int | None = None  # output index of the open message item
     text: list[str] = []
+    msg_id, messages = "", 0  # the open message item's id; message items opened so far
+    # Whitespace that opens no message item yet: around tool calls it is dropped, as the non-streamed answer
+    # strips it (parallel calls are separated by newlines, which used to open one repeated item per call).
+    blank = ""
     reasoning: list[str] = []
     thought_at: int | None = None  # output index of the reasoning item (it comes first, as when not streamed)
     try:
         async for kind, value in choice_events(state, p, p.params, state.stream_interval):
             if kind == "content" and value:
                 if text_at is None:
-                    text_at = len(output)
-                    output.append(_message_item(rid, "", "in_progress"))
-                    yield event("response.output_item.added", output_index=text_at, item=output[text_at])
-                    yield event("response.content_part.added", item_id=f"msg_{rid}", output_index=text_at,
-                                content_index=0, part={"type": "output_text", "text": "", "annotations": []})
+                    if not (blank + value).strip():
+                        blank += value
+                        continue
+                    value, blank = blank + value, ""
+                    text_at, text, msg_id, messages = len(output), [], _message_id(rid, messages), messages + 1
+                    yield open_text(event, output, msg_id)
                 text.append(value)
-                yield event("response.output_text.delta", item_id=f"msg_{rid}", output_index=text_at,
+                yield event("response.output_text.delta", item_id=msg_id, output_index=text_at,
                             content_index=0, delta=value, logprobs=[])
             elif kind == "reasoning" and value:
                 if thought_at is None:
@@ -279,8 +289,9 @@ async def _stream(state: ServerState, req: ResponsesRequest, p: Prepared, rid: s
                     yield event("response.output_item.added", output_index=thought_at, item=output[thought_at])
                 reasoning.append(value)
             elif kind == "tool_call":
+                blank = ""
                 if text_at is not None:
-                    yield close_text(event, output, text_at, rid, "".join(text))
+                    yield close_text(event, output, text_at, msg_id, "".join(text))
                     text_at = None
                 item = _call_item(value, "in_progress") | {"arguments": ""}
                 at = len(output)
@@ -294,13 +305,18 @@ async def _stream(state: ServerState, req: ResponsesRequest, p: Prepared, rid: s
                 yield event("response.output_item.done", output_index=at, item=output[at])
             elif kind == "finish":
                 out = value
+                if text_at is None and blank and not out.tool_calls:  # a blank answer, kept as when not streamed
+                    text_at, text, msg_id = len(output), [blank], _message_id(rid, messages)
+                    yield open_text(event, output, msg_id)
+                    yield event("response.output_text.delta", item_id=msg_id, output_index=text_at,
+                                content_index=0, delta=blank, logprobs=[])
                 if text_at is not None:
-                    yield close_text(event, output, text_at, rid, "".join(text))
+                    yield close_text(event, output, text_at, msg_id, "".join(text))
                 if thought_at is not None:
                     output[thought_at] = _reasoning_item(rid, "".join(reasoning))
                     yield event("response.output_item.done", output_index=thought_at, item=output[thought_at])
                 if not output:  # nothing was said: still one (empty) message, as a non-streamed answer has
-                    output.append(_message_item(rid, "", "completed"))
+                    output.append(_message_item(_message_id(rid, 0), "", "completed"))
                 status = "incomplete" if out.finish_reason == "length" else "completed"
                 body = _response(state, req, rid, created, status, output, _usage(p, out))
                 body["policy_version"] = state.response_version([out.policy_version])
@@ -314,13 +330,24 @@ async def _stream(state: ServerState, req: ResponsesRequest, p: Prepared, rid: s
         yield event("error", code=err.code, message=err.message, param=None)
 
 
-def close_text(event, output: list[dict[str, Any]], at: int, rid: str, text: str) -> bytes:
+def open_text(event, output: list[dict[str, Any]], item_id: str) -> bytes:
+    """The events that open a message item at the end of `output` (one bytes chunk)."""
+    at = len(output)
+    output.append(_message_item(item_id, "", "in_progress"))
+    return b"".join([
+        event("response.output_item.added", output_index=at, item=output[at]),
+        event("response.content_part.added", item_id=item_id, output_index=at, content_index=0,
+              part={"type": "output_text", "text": "", "annotations": []}),
+    ])
+
+
+def close_text(event, output: list[dict[str, Any]], at: int, item_id: str, text: str) -> bytes:
     """The events that close the open message item (one bytes chunk)."""
     part = {"type": "output_text", "text": text, "annotations": []}
-    output[at] = _message_item(rid, text, "completed")
+    output[at] = _message_item(item_id, text, "completed")
     return b"".join([
-        event("response.output_text.done", item_id=f"msg_{rid}", output_index=at, content_index=0, text=text,
+        event("response.output_text.done", item_id=item_id, output_index=at, content_index=0, text=text,
               logprobs=[]),
-        event("response.content_part.done", item_id=f"msg_{rid}", output_index=at, content_index=0, part=part),
+        event("response.content_part.done", item_id=item_id, output_index=at, content_index=0, part=part),
         event("response.output_item.done", output_index=at, item=output[at]),
     ])

@@ -9,8 +9,13 @@ import json
 import jsonschema
 import openai
 import pytest
+from fastapi.testclient import TestClient
+
+from serve.api import ServerState, create_app
+from serve.chat_format import ChatFormat
 
 from .conftest import start_server
+from .test_api_parsing import ReplayEngine, calls_text
 
 READ = {"type": "object", "properties": {"path": {"type": "string", "maxLength": 20}}, "required": ["path"]}
 TOOLS = [{"type": "function", "name": "read_file", "description": "Read a file", "parameters": READ}]
@@ -79,6 +84,26 @@ def test_streamed_events_add_up_to_the_final_response(client):
     named = list(client.responses.create(model="tiny", input="read", tools=TOOLS, max_output_tokens=200, stream=True,
                                          tool_choice={"type": "function", "name": "read_file"}))
     assert named[-1].type == "response.completed" and named[-1].response.tool_choice.name == "read_file"
+
+
+def test_streamed_text_and_parallel_calls_are_the_items_of_the_answer_not_streamed(tiny_coder):
+    """Text, then calls separated by newlines (ReplayEngine replays them): one message item, as when not
+    streamed; the newlines between calls used to open a message item each, under one id, repeating the text."""
+    chat = ChatFormat(tiny_coder)
+    engine = ReplayEngine(chat)
+    calls = [("read_file", {"path": "a.py"}), ("read_file", {"path": "b.py"})]
+    kw = dict(model="tiny", input="go", tools=TOOLS)
+    with TestClient(create_app(ServerState(engine, chat, "tiny", 4096))) as http:
+        c = openai.OpenAI(base_url="http://testserver/v1", api_key="x", http_client=http)
+        answers = []
+        for stream in (False, True):
+            engine.script = ["Reading both.\n" + calls_text("qwen3_coder", calls)]
+            answers.append(list(c.responses.create(stream=True, **kw))[-1].response if stream
+                           else c.responses.create(**kw))
+    for r in answers:
+        assert [o.type for o in r.output] == ["message", "function_call", "function_call"]
+        assert r.output_text.strip() == "Reading both."
+        assert [(o.name, json.loads(o.arguments)) for o in r.output[1:]] == calls
 
 
 @pytest.mark.parametrize(("extra", "param"), [
