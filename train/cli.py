@@ -59,8 +59,12 @@ def build_parser() -> argparse.ArgumentParser:
                     "--nproc-per-node N -m train.cli rl --fsdp ...` (rank 0 runs rollouts and weight sync)")
     rl.add_argument("--resume", action="store_true", help="continue from the run folder's last checkpoint")
 
-    sft = sub.add_parser("sft", help="supervised fine-tuning on recorded trajectories (their sampled tokens)")
-    sft.add_argument("sessions", nargs="+", help="session JSONL files or folders of them")
+    sft = sub.add_parser("sft", help="supervised fine-tuning on recorded trajectories (their sampled tokens) and on "
+                         "teacher sessions or transcripts without token ids (rendered by the model's chat template)")
+    sft.add_argument("sessions", nargs="+", help="session JSONL files, transcript files (JSON or JSONL of OpenAI-style "
+                     "message lists with tool calls, {\"messages\": [...], \"tools\": [...]}), or folders of them")
+    sft.add_argument("--rerender", action="store_true", help="render every session through the chat template, "
+                     "ignoring recorded token ids (as teacher data is)")
     sft.add_argument("--model", required=True)
     sft.add_argument("--out", required=True, help="checkpoint folder to write")
     sft.add_argument("--epochs", type=int, default=1)
@@ -312,7 +316,7 @@ def _session_files(paths: list[str]) -> list[Path]:
     files: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            files += sorted(p.rglob("*.jsonl"))
+            files += sorted(f for f in p.rglob("*") if f.suffix in (".jsonl", ".json") and f.is_file())
         elif p.is_file():
             files.append(p)
         else:
@@ -334,10 +338,26 @@ def _sft(args) -> int:
     model = _model_dir(args.model)
     spec_hash = default_registry().spec_hash()
     from serve.chat_format import ChatFormat
+    from train.samples import TrajectoryError, token_requests
+    from train.teacher import TeacherError, teacher_samples
 
     chat = ChatFormat(model)  # refuses sessions rendered by another chat template or tokenizer
-    samples = [s for f in _session_files(args.sessions)
-               for s in build_samples(load(f), chat=chat, spec_hash=spec_hash)]
+    samples, exact, rendered, refused = [], 0, 0, []
+    for f in _session_files(args.sessions):
+        try:
+            data = load(f) if f.suffix == ".jsonl" and _is_session(f) else None
+            if data is not None and not args.rerender and _has_ids(data, token_requests):
+                samples += build_samples(data, chat=chat, spec_hash=spec_hash)
+                exact += 1
+            else:  # text only (a teacher's session, a transcript): rendered as composer-serve would
+                samples += teacher_samples(f, chat)
+                rendered += 1
+        except (TrajectoryError, TeacherError) as e:
+            refused.append(f"{f}: {e}")
+    for why in refused:
+        print(f"composer-train: refused {why}", file=sys.stderr)
+    print(f"composer-train: {exact} sessions token-exact, {rendered} rendered through {model}'s chat template, "
+          f"{len(refused)} refused", file=sys.stderr)
     if not samples:
         raise ValueError("the sessions hold no sampled tokens to train on")
     cfg = TrainerConfig(lr=args.lr, seed=args.seed, mxfp8_experts=not args.no_mxfp8, dtype=args.dtype,
@@ -361,6 +381,23 @@ def _sft(args) -> int:
     trainer.save(args.out, state={"sft_steps": step})
     print(f"composer-train: {step} SFT steps on {len(samples)} samples; wrote {args.out}")
     return 0
+
+
+def _is_session(path: Path) -> bool:
+    with open(path, encoding="utf-8") as f:
+        first = f.readline()
+    try:
+        return json.loads(first).get("type") == "session"
+    except (json.JSONDecodeError, AttributeError):
+        return False
+
+
+def _has_ids(data, token_requests) -> bool:
+    """Every request carries the server's token ids (else the session is taught from its text)."""
+    try:
+        return bool(token_requests(data))
+    except ValueError:
+        return False
 
 
 def _expert_data(args) -> int:

@@ -156,10 +156,16 @@ def build_samples(data: SessionData, *, chat=None, spec_hash: str | None = None,
     if chat is not None:
         check_rendering(data, chat, requests)
     skip = set() if train_failed else failed_turns(data)
-    episode = str(data.meta.get("id", ""))
+    return chain(str(data.meta.get("id", "")), [rec for rec, _ in requests], skip)
+
+
+def chain(episode: str, requests: list[dict[str, Any]], skip: set[int] = frozenset()) -> list[Sample]:
+    """Requests (prompt_token_ids, completion_token_ids, completion_logprobs, optional routed_experts and
+    policy_version) chained into samples while each prompt extends the last; completions of the requests
+    in `skip` are context. Shared by recorded ids (above) and teacher renderings (train/teacher.py)."""
     samples: list[Sample] = []
     cur: Sample | None = None
-    for n, (rec, _) in enumerate(requests):
+    for n, rec in enumerate(requests):
         prompt, completion = rec["prompt_token_ids"], rec["completion_token_ids"]
         logprobs = [float(x) if x is not None else 0.0 for x in rec["completion_logprobs"]]
         if cur is not None and len(prompt) >= len(cur.token_ids) and prompt[: len(cur.token_ids)] == cur.token_ids:
@@ -173,7 +179,7 @@ def build_samples(data: SessionData, *, chat=None, spec_hash: str | None = None,
             try:
                 cur.add_routes(*routed_experts.decode(rec["routed_experts"]))
             except ValueError as e:
-                raise TrajectoryError(f"session {data.meta.get('id')}, turn {rec.get('turn')}: {e}") from None
+                raise TrajectoryError(f"session {episode}, turn {rec.get('turn')}: {e}") from None
         cur.versions.append(int(rec.get("policy_version") or 0))
         cur.requests += 1
     return [s for s in samples if s.sampled_tokens]
