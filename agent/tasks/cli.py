@@ -5,6 +5,7 @@ suites are built into a tasks JSONL first: `python -m agent.tasks.stdlib_bugs --
 into the standard library, DIR/tasks.jsonl) and `python -m agent.tasks.swebench INPUT.jsonl --out
 TASKS.jsonl --repos DIR` (SWE-bench-style rows over local repositories).
 `--expert` serves the scripted expert on loopback and evaluates it (a check of the verifiers).
+`composer-agent eval compare RUN_A RUN_B` compares two runs of the same tasks (agent/tasks/compare.py).
 Exit codes: 0 done, 2 bad usage or configuration (the message says which).
 """
 
@@ -17,10 +18,15 @@ from pathlib import Path
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["compare"]:
+        from agent.tasks.compare import main as compare_main
+
+        return compare_main(argv[1:])
     p = argparse.ArgumentParser(
         prog="composer-agent eval", description="Evaluate a model on a task suite.",
         epilog="real-code suites: python -m agent.tasks.stdlib_bugs --out DIR (then DIR/tasks.jsonl); "
-               "python -m agent.tasks.swebench INPUT.jsonl --out TASKS.jsonl --repos DIR")
+               "python -m agent.tasks.swebench INPUT.jsonl --out TASKS.jsonl --repos DIR. "
+               "Two runs, paired per task: composer-agent eval compare RUN_A RUN_B")
     p.add_argument("suite", help="tasks JSONL, or synthetic | synthetic-heldout | synthetic-small")
     p.add_argument("--base-url", help="OpenAI-compatible endpoint (default: the configured one)")
     p.add_argument("--model", help="model name (default: the server's first)")
