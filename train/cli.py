@@ -119,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     rec.add_argument("--rl-train-only", dest="rl_train_only",
                      help="comma-separated regular expressions of the parameter names RL trains, the rest frozen "
                           "(default: every weight; norm: the RMSNorm gains alone, which took --rl-lr 5e-3)")
+    rec.add_argument("--reward", action="append", metavar="KEY=VALUE",
+                     help="an RL reward term other than its default (a field of train/rewards.py RewardConfig, e.g. "
+                          "evidence_unsupported=0); repeat for several")
     rec.add_argument("--control", choices=["none", "zero", "shuffle"],
                      help="zero: every reward (so every advantage) is 0; shuffle: each episode trains with another "
                           "episode's reward from its step")

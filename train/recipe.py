@@ -25,7 +25,7 @@ import os
 import random
 import shutil
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +103,9 @@ class TinyRecipe:
     raised greedy held-out pass@1 over SFT on 3 seeds (0.587 -> 0.673-0.713) while its shuffled-reward
     control fell (0.480); with 4 episodes a task, every-weight runs lost to noise what the reward taught,
     and ("norm",), the RMSNorm gains alone, only sharpened sampling at T=1 (BENCHMARKS.md)."""
+    reward: dict[str, Any] = field(default_factory=dict)
+    """RL's reward terms that differ from RewardConfig's defaults (train/rewards.py), e.g.
+    {"evidence_unsupported": 0, "evidence_contradicted": 0} for a run without the evidence term."""
     control: str = "none"
     """Control runs: "zero" zeroes every reward (so every advantage, and the optimizer does not move);
     "shuffle" trains each episode with another episode's reward (RLConfig.shuffle_rewards); "none": the
@@ -489,15 +492,22 @@ def evaluate(server, tasks, out: Path, r: TinyRecipe, temperature: float = 0.0) 
         _limit_turns(tasks, r), config, EvalConfig(concurrency=r.concurrency, sandbox=False), out
     )
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
-    malformed, solved_tokens = [], {}
+    malformed, solved_tokens, claims = [], {}, []
     for row in rows:
         if row.get("infra_error") or not row.get("session_path"):
             continue
         stats = episode_stats(load(Path(row["session_path"])), bool(row["passed"]))
         malformed.append(stats.malformed_tool_calls)
+        claims.append((stats.claims, stats.unsupported_claims + stats.contradicted_claims, stats.contradicted_claims))
         if row["passed"]:
             solved_tokens.setdefault(row["family"], []).append(row["completion_tokens"])
     report["malformed_per_episode"] = round(sum(malformed) / max(1, len(malformed)), 3)
+    # claims of the final answers the episode's own tool log does not support (agent/tasks/claims.py)
+    n = max(1, len(claims))
+    report["claims"] = {"per_episode": round(sum(c[0] for c in claims) / n, 3),
+                        "unsupported_per_episode": round(sum(c[1] for c in claims) / n, 3),
+                        "contradicted_per_episode": round(sum(c[2] for c in claims) / n, 3),
+                        "episodes_with_unsupported": round(sum(c[1] > 0 for c in claims) / n, 4)}
     report["tokens_per_solved"] = {f: round(sum(v) / len(v), 1) for f, v in sorted(solved_tokens.items())}
     (out / "report.json").write_text(json.dumps(report, indent=2))
     return report
@@ -513,6 +523,9 @@ def headline(report: dict[str, Any]) -> dict[str, Any]:
         "completion_tokens": o.get("completion_tokens"),
         "tokens_per_solved": report.get("tokens_per_solved"),
         "infra_errors": o.get("infra_errors"),
+        "turns": o.get("turns"),
+        "tool_calls": o.get("tool_calls"),
+        "claims": report.get("claims"),
     }
 
 
@@ -526,6 +539,7 @@ def run(r: TinyRecipe, out: str | Path, data: str | Path | None = None) -> dict[
         raise ValueError("--rl-from starts RL from a trained checkpoint: it goes with neither --skip-rl nor --init")
     if r.rl_from and not all((Path(r.rl_from) / f).is_file() for f in ("config.json", "model.safetensors")):
         raise FileNotFoundError(f"--rl-from {r.rl_from}: not a checkpoint folder (no config.json and model.safetensors)")
+    reward_config(r)  # a bad reward term is an error now, not after the stages before RL
     out = Path(out)
     data = Path(data) if data else out / "data"
     out.mkdir(parents=True, exist_ok=True)
@@ -760,7 +774,7 @@ def reward_config(r: TinyRecipe):
                             evidence_unsupported=0.0, evidence_contradicted=0.0)
     if r.control not in ("none", "shuffle"):
         raise ValueError(f"control must be none, zero or shuffle, got {r.control!r}")
-    return RewardConfig()
+    return RewardConfig.from_dict(r.reward)
 
 
 def export_serving(src: Path, dst: Path) -> Path:
@@ -791,6 +805,12 @@ def recipe_from_args(args) -> TinyRecipe:
     for k in ("families", "sizes", "rl_sizes", "eval_sizes", "model_families", "rl_train_only"):
         if isinstance(kw.get(k), str):
             kw[k] = tuple(x for x in kw[k].split(",") if x)
+    if isinstance(kw.get("reward"), list):  # --reward KEY=VALUE, repeated
+        pairs = [x.partition("=") for x in kw["reward"]]
+        bad = [k for k, eq, _ in pairs if not eq]
+        if bad:
+            raise ValueError(f"--reward takes KEY=VALUE (a RewardConfig field), got {bad}")
+        kw["reward"] = {k: (v.lower() == "true" if v.lower() in ("true", "false") else float(v)) for k, _, v in pairs}
     if kw.get("rl_seeds") == 0:
         kw["rl_seeds"] = None  # RL on SFT's own seeds
     return TinyRecipe.smoke(**kw) if args.smoke else TinyRecipe(**kw)

@@ -97,6 +97,15 @@ def test_recipe_rl_flags_reach_the_rl_stage():
     assert default.rl_seeds == 2000
     assert recipe_from_args(build_parser().parse_args("recipe tiny --out x --rl-seeds 0".split())).rl_seeds is None
     assert default.vary_timings and default.vary_environment
+    # --reward KEY=VALUE: RL's reward terms (a run without the evidence term, issue 56)
+    from train.recipe import reward_config
+
+    off = recipe_from_args(build_parser().parse_args(
+        "recipe tiny --out x --reward evidence_unsupported=0 --reward evidence_contradicted=0".split()))
+    assert off.reward == {"evidence_unsupported": 0.0, "evidence_contradicted": 0.0}
+    assert reward_config(off).evidence_unsupported == 0.0 and reward_config(default).evidence_unsupported == 0.1
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        recipe_from_args(build_parser().parse_args("recipe tiny --out x --reward evidence".split()))
 
 
 @pytest.mark.slow
