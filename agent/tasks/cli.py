@@ -1,10 +1,10 @@
 """`composer-agent eval SUITE [--base-url URL] [--model M] [--concurrency N] [--repeat K] [--out DIR] [--resume]`
 
-SUITE is a tasks JSONL or a built-in suite (synthetic, synthetic-heldout, synthetic-small). Real-code
+SUITE is a tasks JSONL or a built-in suite (synthetic, synthetic-heldout, synthetic-small, js-small). Real-code
 suites are built into a tasks JSONL first: `python -m agent.tasks.stdlib_bugs --out DIR` (bugs injected
 into the standard library, DIR/tasks.jsonl) and `python -m agent.tasks.swebench INPUT.jsonl --out
 TASKS.jsonl --repos DIR` (SWE-bench-style rows over local repositories).
-`--expert` serves the scripted expert on loopback and evaluates it (a check of the verifiers).
+`--expert` serves the scripted expert on loopback and evaluates it (a check of the verifiers; generated suites).
 `composer-agent eval compare RUN_A RUN_B` compares two runs of the same tasks (agent/tasks/compare.py).
 Exit codes: 0 done, 2 bad usage or configuration (the message says which).
 """
@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
         epilog="real-code suites: python -m agent.tasks.stdlib_bugs --out DIR (then DIR/tasks.jsonl); "
                "python -m agent.tasks.swebench INPUT.jsonl --out TASKS.jsonl --repos DIR. "
                "Two runs, paired per task: composer-agent eval compare RUN_A RUN_B")
-    p.add_argument("suite", help="tasks JSONL, or synthetic | synthetic-heldout | synthetic-small")
+    p.add_argument("suite", help="tasks JSONL, or synthetic | synthetic-heldout | synthetic-small | js-small")
     p.add_argument("--base-url", help="OpenAI-compatible endpoint (default: the configured one)")
     p.add_argument("--model", help="model name (default: the server's first)")
     p.add_argument("--api-key")

@@ -5,6 +5,7 @@ split uses a seed range training never draws from.
     synthetic-heldout  held-out split: the same families and sizes, seeds from 1,000,000, built from a
                        pool of modules and functions the train split never contains (families/pool.py)
     synthetic-small    train split, small size only (quick checks)
+    js-small           JavaScript bug fixes verified with node's test runner (families/js.py), small and medium
 
 `load_tasks` reads a suite by name or a tasks JSONL file.
 """
@@ -17,7 +18,7 @@ from pathlib import Path
 from agent.tasks.families.pool import HELDOUT_BASE as HELDOUT_BASE  # where the seeds' meaning is defined
 from agent.tasks.spec import Task, TaskError, read_jsonl
 
-SUITES = ("synthetic", "synthetic-heldout", "synthetic-small")
+SUITES = ("synthetic", "synthetic-heldout", "synthetic-small", "js-small")
 
 
 def synthetic(seeds: range, sizes: tuple[str, ...] = ("small", "medium", "large"), split: str = "train") -> list[Task]:
@@ -33,6 +34,10 @@ def builtin(name: str, n: int = 5) -> list[Task]:
         return synthetic(range(HELDOUT_BASE, HELDOUT_BASE + n), split="heldout")
     if name == "synthetic-small":
         return synthetic(range(n), sizes=("small",))
+    if name == "js-small":
+        from agent.tasks.families import generate
+
+        return [generate("js-bugfix", s, size) for s in range(n) for size in ("small", "medium")]
     raise KeyError(name)
 
 
@@ -68,10 +73,10 @@ def load_tasks(path: str | Path) -> list[Task]:
                     raise TaskError(f"{path}:{n}: {name} {p} is not a folder")
                 resolved[name] = str(p)
         if task.generator:
-            from agent.tasks.families import FAMILIES
+            from agent.tasks.families import GENERATORS
 
-            if task.generator not in FAMILIES:
-                raise TaskError(f"{path}:{n}: unknown generator {task.generator!r} (known: {', '.join(FAMILIES)})")
+            if task.generator not in GENERATORS:
+                raise TaskError(f"{path}:{n}: unknown generator {task.generator!r} (known: {', '.join(GENERATORS)})")
         if task.id in seen:
             raise TaskError(f"{path}:{n}: duplicate task id {task.id!r}")
         seen.add(task.id)

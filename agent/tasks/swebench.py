@@ -13,7 +13,9 @@ or base commit is not there, or whose tests are not pytest ids, are skipped with
 A task checks out the repository at base_commit (a private clone per episode), asks the problem
 statement, and verifies by applying test_patch (hidden from the agent) and running the FAIL_TO_PASS and
 PASS_TO_PASS tests with pytest. The environment (dependencies) is the user's: the verify command runs
-`python -m pytest` with whatever `python` is on PATH.
+`python -m pytest` with whatever `python` is on PATH. JavaScript rows (`language` "javascript", or ids
+that name .js files: "test/a.test.js" or "test/a.test.js::test name") are verified with node's own test
+runner instead (`node --test`, names as a --test-name-pattern); TypeScript rows are skipped.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ from agent.tasks.spec import Task, TaskError, read_jsonl, write_tasks
 FAMILY = "swe"
 REQUIRED = ("instance_id", "repo", "base_commit", "problem_statement", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS")
 PYTEST = "python -m pytest -q -p no:cacheprovider -rfE"
+# JavaScript rows (SWE-bench Multilingual style, `language` "javascript" or ids naming .js files) run with
+# node's own test runner: an id is a test file, or "file::test name" (a name pattern, matched whole).
+JS_LANGUAGES = ("javascript", "js")
+JS_FILE = (".js", ".mjs", ".cjs")
 # Django-style ids ("test_name (module.Class)") need the project's own runner, not pytest.
 _NOT_PYTEST = re.compile(r"^\S+ \([\w.]+\)$")
 
@@ -82,6 +88,24 @@ def _git_ok(cwd: Path, *args: str) -> bool:
     return subprocess.run(["git", *args], cwd=cwd, capture_output=True).returncode == 0
 
 
+def is_js(row: dict[str, Any], ids: list[str]) -> bool:
+    lang = str(row.get("language", "")).lower()
+    if lang in ("typescript", "ts"):
+        raise Skipped("TypeScript tests need a loader node does not have; this importer runs plain node --test")
+    return lang in JS_LANGUAGES or all(i.split("::", 1)[0].endswith(JS_FILE) for i in ids)
+
+
+def node_verify_command(fail_to_pass: list[str], pass_to_pass: list[str]) -> str:
+    """node --test on the listed files; with test names (file::name, every id), only those tests run."""
+    ids = list(dict.fromkeys(fail_to_pass + pass_to_pass))
+    files = list(dict.fromkeys(i.split("::", 1)[0] for i in ids))
+    cmd = "node --test"
+    if all("::" in i for i in ids):
+        names = sorted({re.escape(i.split("::", 1)[1]) for i in ids})
+        cmd += " --test-name-pattern=" + shlex.quote(f"^({'|'.join(names)})$")
+    return f"{cmd} {' '.join(shlex.quote(f) for f in files)}"
+
+
 def verify_command(fail_to_pass: list[str], pass_to_pass: list[str]) -> str:
     """pytest on the listed ids, each quoted for the shell; `--` so an id never reads as an option."""
     ids = list(dict.fromkeys(fail_to_pass + pass_to_pass))
@@ -99,9 +123,10 @@ def to_task(row: dict[str, Any], repos_dir: Path, split: str = "", max_turns: in
     f2p, p2p = parse_test_ids(row["FAIL_TO_PASS"], "FAIL_TO_PASS"), parse_test_ids(row["PASS_TO_PASS"], "PASS_TO_PASS")
     if not f2p:
         raise Skipped("FAIL_TO_PASS is empty: nothing to verify")
+    js = is_js(row, f2p + p2p)
     odd = [i for i in f2p + p2p if _NOT_PYTEST.match(i)]
-    if odd:
-        raise Skipped(f"test ids are not pytest ids (e.g. {odd[0]!r}); this importer runs pytest")
+    if odd and not js:
+        raise Skipped(f"test ids are not pytest ids (e.g. {odd[0]!r}); this importer runs pytest or node --test")
     if not str(row["problem_statement"]).strip():
         raise Skipped("empty problem_statement")
     repo = resolve_repo(str(row["repo"]), repos_dir)
@@ -111,11 +136,13 @@ def to_task(row: dict[str, Any], repos_dir: Path, split: str = "", max_turns: in
     patch = str(row["test_patch"])
     if patch and not patch.endswith("\n"):
         patch += "\n"
-    return Task(id=iid, prompt=str(row["problem_statement"]).strip(), verify=verify_command(f2p, p2p),
+    verify = node_verify_command(f2p, p2p) if js else verify_command(f2p, p2p)
+    return Task(id=iid, prompt=str(row["problem_statement"]).strip(), verify=verify,
                 repo=str(repo), commit=commit, hidden_patch=patch, max_turns=max_turns, max_time_s=max_time_s,
                 verify_timeout_s=verify_timeout_s, family=FAMILY, tag=str(row.get("repo", "")), split=split,
                 reference_patch=str(row["patch"]) if row.get("patch") else None,
                 meta={"instance_id": iid, "repo": row["repo"], "FAIL_TO_PASS": f2p, "PASS_TO_PASS": p2p,
+                      "language": "javascript" if js else "python",
                       **({"version": row["version"]} if row.get("version") else {})})
 
 

@@ -33,6 +33,9 @@ from agent.tasks.patches import make_patch
 from agent.tasks.spec import Task
 
 FAMILIES = ("bugfix", "find-def", "rename", "add-param")
+# Generators outside the `synthetic` suites (whose make-up the built-in model's figures rest on).
+EXTRA = ("js-bugfix",)
+GENERATORS = FAMILIES + EXTRA
 SIZES = {"small": 1, "medium": 3, "large": 5}
 VERIFY = "python _hidden/check.py"
 
@@ -46,6 +49,7 @@ class Generated:
     meta: dict[str, Any] = field(default_factory=dict)
     expected_tokens: int = 200
     fixed: dict[str, str] = field(default_factory=dict)  # the files a correct solution changes, as it leaves them
+    verify: str = VERIFY
 
 
 def reference_patch(g: Generated) -> str:
@@ -55,7 +59,7 @@ def reference_patch(g: Generated) -> str:
 
 def generate(family: str, seed: int, size: str = "small", split: str = "") -> Task:
     g = build(family, seed, size)
-    return Task(id=f"{family}-{size}-{seed}", prompt=g.prompt, verify=VERIFY, generator=family, seed=seed, size=size,
+    return Task(id=f"{family}-{size}-{seed}", prompt=g.prompt, verify=g.verify, generator=family, seed=seed, size=size,
                 family=family, tag=size, split=split, expected_tokens=g.expected_tokens, meta=g.meta,
                 max_turns=12, max_time_s=300.0, reference_patch=reference_patch(g))
 
@@ -195,8 +199,12 @@ def _test_cmd(module: str) -> str:
 def build(family: str, seed: int, size: str) -> Generated:
     """The generated task (cached: an episode asks for it to write the files, the hidden files and,
     with the expert, the plan; callers must not modify what it returns)."""
+    if family == "js-bugfix":
+        from agent.tasks.families.js import build_js
+
+        return build_js(seed, size)
     if family not in FAMILIES:
-        raise ValueError(f"unknown family {family!r} (known: {', '.join(FAMILIES)})")
+        raise ValueError(f"unknown family {family!r} (known: {', '.join(GENERATORS)})")
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r} (known: {', '.join(SIZES)})")
     rng = random.Random(f"{family}:{size}:{seed}")
