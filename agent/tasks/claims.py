@@ -123,7 +123,7 @@ def _text(content: Any) -> str:
 
 # -- what a step did -----------------------------------------------------------------------------------------
 
-_TEST_CMD = re.compile(r"\b(py\.?test|unittest|nose2|tox|nox|(npm|yarn|pnpm)( run)? test|go test|cargo test|"
+_TEST_CMD = re.compile(r"\b(py\.?test|unittest|nose2|tox|nox|(npm|yarn|pnpm)( run)? test|go test|cargo test|node --test|"
                        r"make (test|check)|ctest|jest|vitest|mocha|rspec|phpunit|gradle\w* test|mvn test)\b|"
                        r"\btest_\w*\.py\b|\b\w+_test\.py\b")
 # a redirect into a file (not 2>&1, not /dev/null), in-place edits, moves, copies, patches
