@@ -455,7 +455,7 @@ class NativeEngine(Engine):
                                     [s.matcher for s in sampled])  # grammars: masks per sequence
             picks = [[p] for p in flat]
         if self.spec is not None and decoding:  # the step cost model learns from decode and verify steps
-            self.spec.cost.observe(sum(n for _, n in batch), time.perf_counter() - start)
+            self.spec.cost.observe(sum(n for _, n in batch), time.perf_counter() - start + self.spec.plan_s)
         out: list[tuple[Sequence, object]] = []
         for seq, seq_picks in zip(sampled, picks, strict=True):
             out += self._emit_picks(seq, seq_picks)

@@ -23,6 +23,8 @@ share) and text that never repeats (no proposal) verify nothing: the step is a p
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from serve.engine.drafter import MAX_MATCH, DraftCache, Proposal, SeqDrafter, SpecConfig
@@ -76,12 +78,23 @@ class Speculator:
         self.cache = DraftCache(config.cache_tokens) if config.method == "suffix" else None
         self.cost = StepCost()
         self.drafted = self.accepted = self.verifies = 0  # draft tokens, accepted ones, sequence-steps verifying
+        # acceptance per drafted token over recent verifications: a new sequence's prior (agent turns are
+        # short, so most of a sequence's life is spent before its own rate says anything)
+        self.accept_rate = 0.5
+        self.plan_s = 0.0  # the last plan's seconds: part of the step it planned, for the cost model
 
     # -- drafting --------------------------------------------------------------------------------------
 
     def plan(self, seqs: list[Sequence]) -> None:
         """Set `draft` on the running sequences that are about to decode (their last token not yet
         computed), or leave it empty, so that the step's expected tokens per second are highest."""
+        start = time.perf_counter()
+        try:
+            self._plan(seqs)
+        finally:
+            self.plan_s = time.perf_counter() - start
+
+    def _plan(self, seqs: list[Sequence]) -> None:
         decoding = []
         for seq in seqs:
             seq.draft = []
@@ -89,6 +102,10 @@ class Speculator:
                 continue
             decoding.append(seq)
         if not decoding:
+            return
+        a, b = self.cost.coeffs()
+        n = rows = float(len(decoding))
+        if self.config.adaptive and b * n >= a + b * rows:  # not even a sure token would pay: do not look
             return
         cands: list[tuple[float, int, Sequence, list[int]]] = []
         for seq in decoding:
@@ -107,8 +124,6 @@ class Speculator:
         if not cands:
             return
         cands.sort(key=lambda c: (-c[0], c[1]))
-        a, b = self.cost.coeffs()
-        n = rows = float(len(decoding))
         for g, i, seq, tokens in cands:
             if len(seq.draft) != i:  # an earlier token of this draft was left out
                 continue
@@ -121,6 +136,7 @@ class Speculator:
     def _propose(self, seq: Sequence, k: int) -> Proposal:
         if seq.spec is None:
             seq.spec = SeqDrafter(seq.token_ids, seq.params.draft_scope, seq.num_prompt_tokens)
+            seq.spec.accept_rate = self.accept_rate
         spec = seq.spec
         spec.sync(seq.token_ids)
         frequency = self.config.method == "suffix"
@@ -137,6 +153,9 @@ class Speculator:
         self.accepted += accepted
         self.verifies += 1
         seq.spec.record(drafted, accepted)
+        if drafted:
+            w = min(0.2, drafted / 40)
+            self.accept_rate = (1 - w) * self.accept_rate + w * accepted / drafted
 
     def finished(self, seq: Sequence) -> None:
         """A sequence is done: its output joins the cross-request cache of its scope."""

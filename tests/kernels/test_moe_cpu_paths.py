@@ -53,3 +53,28 @@ def test_grouped_path_in_bfloat16_sums_in_float32():
     ref = moe_reference(x, ids, w, w13, w2)
     assert ((got.float() - ref).norm() / ref.norm()).item() < 2e-2
     assert ((want.float() - ref).norm() / ref.norm()).item() < 2e-2
+
+
+def test_mxfp8_experts_held_dequantized_give_the_references_result_bit_for_bit():
+    """A CPU server holds small MXFP8 experts dequantized (MXFP8Tensor.with_dense) and runs them through
+    the grouped path: the same sums in the same order as the reference it replaces, in float64 and
+    float32, so a float64 server's tokens do not move."""
+    from kernels import MXFP8Tensor
+
+    torch.manual_seed(0)
+    E, D, inter = 8, 128, 64
+    w13 = MXFP8Tensor.quantize(torch.randn(E, 2 * inter, D) * 0.1)
+    w2 = MXFP8Tensor.quantize(torch.randn(E, D, inter) * 0.1)
+    for dtype in (torch.float64, torch.float32):
+        d13, d2 = w13.with_dense(dtype), w2.with_dense(dtype)
+        for T in (1, 3, 9, 33):
+            x = torch.randn(T, D, dtype=dtype)
+            ids = torch.stack([torch.randperm(E)[:2] for _ in range(T)])
+            weights = torch.rand(T, 2, dtype=dtype)
+            with torch.inference_mode():
+                want = moe_reference(x, ids, weights, w13, w2)
+                got = moe_forward(x, ids, weights, d13, d2, backend="torch")  # as a CPU server runs it
+            assert torch.equal(got, want), (dtype, T)
+    with torch.inference_mode():  # a dense copy in another dtype is not used
+        assert torch.equal(moe_forward(x, ids, weights, w13.with_dense(torch.float64), w2, backend="torch"),
+                           moe_reference(x, ids, weights, w13, w2))
