@@ -86,15 +86,15 @@ def acceptance(path: Path) -> list[dict]:
     mean draft length of a verifying step. Empty when it has not run."""
     if not path.exists():
         return []
-    data = json.loads(path.read_text())
     out = []
-    for run in data.get("runs", []):
-        if run.get("method") == "suffix" and run.get("temperature") == 0 and run.get("concurrency") == 1:
-            spec = run.get("spec") or {}
-            verifies = spec.get("spec_verifies") or 0
-            out.append({"set": run.get("set"), "tokens_per_forward": run.get("tokens_per_forward"),
-                        "mean_draft": spec.get("spec_drafted", 0) / verifies if verifies else 0.0,
-                        "cpu_speedup": run.get("speedup")})
+    for cell in json.loads(path.read_text()).get("cells", []):
+        run = cell.get("runs", {}).get("suffix")
+        if run is None or cell.get("temperature") != 0 or cell.get("concurrency") != 1:
+            continue
+        verifies = run.get("spec_verifies") or 0
+        out.append({"set": cell["set"], "tokens_per_forward": run.get("tok_per_forward"),
+                    "mean_draft": run.get("spec_drafted", 0) / verifies if verifies else 0.0,
+                    "cpu_speedup": (cell.get("speedup") or {}).get("suffix")})
     return out
 
 
