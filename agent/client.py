@@ -161,6 +161,8 @@ class OpenAIClient:
             body |= {"tools": tools, "tool_choice": "auto", "parallel_tool_calls": True}
         if self.config.temperature is not None:
             body["temperature"] = self.config.temperature
+        if self.config.seed is not None:
+            body["seed"] = self.config.seed
         if max_tokens is None:
             max_tokens = self.config.max_output_tokens
         if max_tokens is not None:

@@ -45,6 +45,9 @@ class Config:
     """Sampling temperature sent to the server (None: the server's default)."""
     max_output_tokens: int | None = None
     """`max_tokens` per model response (None: the server's default)."""
+    seed: int | None = None
+    """Sampling seed sent with every request (servers that honour it, composer-serve and vLLM, then
+    sample reproducibly); None sends none. Eval runs of one model under two seeds are two samples."""
     record_tokens: bool = False
     """Ask the server for the sampled token ids and logprobs and write them into the session, so a
     trajectory trains without re-tokenising (RL). Needs composer-serve or vLLM >= 0.10.2."""

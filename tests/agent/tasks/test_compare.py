@@ -82,3 +82,14 @@ def test_runs_over_different_tasks_are_refused(runs, tmp_path):
     assert not (tmp_path / "two" / "compare.json").exists()
     r = _cli("compare", str(runs / "expert-1"), str(tmp_path / "nothing"), cwd=tmp_path)
     assert r.returncode == 2 and "no results.jsonl" in r.stderr
+
+
+def test_the_seed_reaches_every_request(tmp_path):
+    """Two seeds are two reproducible samples only if the server is sent the seed each time."""
+    task = builtin("synthetic-small")[1]  # find-def: one grep, then the answer
+    turns = [{"tool_calls": [{"name": "grep", "arguments": {"pattern": "def "}}]}, {"content": "It is in pkg/x.py."}]
+    with ScriptedServer(turns) as srv, open("/dev/null", "w") as quiet:
+        run_eval([task], Config(base_url=srv.base_url, model="scripted-model", seed=7), EvalConfig(sandbox=False),
+                 tmp_path / "out", log=quiet)
+        bodies = srv.chat_requests()
+    assert len(bodies) == 2 and [b.get("seed") for b in bodies] == [7, 7]
