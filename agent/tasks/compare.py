@@ -195,7 +195,7 @@ def plot(result: dict[str, Any], png: Path, labels: tuple[str, str] = ("A", "B")
     rel = [100 * result["deltas"][m]["delta"] / abs(result["deltas"][m]["a"]) for m in ms]
     axes[2].barh(ms, rel, color=["C3" if r > 0 else "C2" for r in rel])
     axes[2].axvline(0, color="grey", lw=0.8)
-    axes[2].set_title(f"{labels[1]} vs {labels[0]}, % of {labels[0]}'s mean", fontsize=9)
+    axes[2].set_title(f"{labels[1]} vs {labels[0]}, % of {labels[0]}'s mean (where not 0)", fontsize=9)
     for ax in axes:
         ax.tick_params(labelsize=7)
     fig.tight_layout()

@@ -179,6 +179,7 @@ def plot_report(report: dict[str, Any], png: Path) -> Path | None:
     for i, m in enumerate(bad):
         axes[3].bar([x + i * width for x in range(len(fams))], [fb[f].get(m) or 0 for f in fams], width, label=m)
     axes[3].set_xticks([x + 0.4 - width / 2 for x in range(len(fams))], fams)
+    axes[3].set_ylim(0, max([1.0] + [fb[f].get(m) or 0 for f in fams for m in bad]) * 1.1)
     axes[3].set_title("quality problems / episode (0 is clean)", fontsize=9)
     axes[3].legend(fontsize=6)
     for ax in axes:
