@@ -81,6 +81,19 @@ class StreamParser:
         if reasoning:
             self.opens.append("<think>")
 
+    @property
+    def tags(self) -> list[str]:
+        """Every tag this parser reads: a server whose tokenizer makes one of them a special token must
+        decode that token as text for it (decoding with skip_special_tokens would drop it)."""
+        out = list(self.opens)
+        if "<tool_call>" in self.opens:
+            out.append("</tool_call>")
+        if "<function=" in self.opens:
+            out += ["</function>", "<parameter=", "</parameter>"]
+        if "<think>" in self.opens:
+            out.append("</think>")
+        return out
+
     def feed(self, delta: str) -> list[Item]:
         self.buf += delta
         out: list[Item] = []

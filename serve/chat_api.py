@@ -136,7 +136,7 @@ async def choice_events(state: ServerState, p: Prepared, params: SamplingParams,
     out = ChoiceOut()
     pending = parser.feed(p.prefix) if p.prefix else []
     gen = run_choice(state.engine, state.chat.tokenizer, p.prompt_ids, params, p.stop, state.metrics,
-                     stream_interval)
+                     stream_interval, state.chat.kept_special_ids(parser))
     stop_early = False
     try:
         async for piece in gen:

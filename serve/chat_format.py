@@ -10,7 +10,10 @@ templates iterate over them.
 
 Parsing delegates to agent.toolcall_text (the same parser the agent uses as its fallback); the format
 (hermes | qwen3_coder) comes from the template unless given, and `<think>` is split out as reasoning
-when the template uses it. Training renders conversations with this same class.
+when the template uses it. Generated text is decoded with special tokens skipped, except the parser's
+own tags where a checkpoint made them special tokens (`kept_special_ids`): those reach the parser, and
+client-visible content loses only what the parser consumed. Training renders conversations with this
+same class.
 """
 
 from __future__ import annotations
@@ -141,6 +144,16 @@ class ChatFormat:
         if not parse_tools:
             p.opens = [t for t in p.opens if t == "<think>"]
         return p
+
+    @cached_property
+    def _special_ids(self) -> dict[str, int]:
+        """Special added tokens by their text (what decoding with skip_special_tokens drops)."""
+        return {t.content: i for i, t in self.tokenizer.get_added_tokens_decoder().items() if t.special}
+
+    def kept_special_ids(self, parser: StreamParser) -> frozenset[int]:
+        """The special tokens a response must decode as text for `parser`: its tags, where this checkpoint
+        made them special tokens (some mark `<tool_call>` special; dropped, calls came back as content)."""
+        return frozenset(self._special_ids[t] for t in parser.tags if t in self._special_ids)
 
     def parse(self, text: str, tools: list[dict[str, Any]] | None = None):
         return parse(text, self.tool_format, tools, reasoning=self.reasoning)

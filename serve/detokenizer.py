@@ -5,6 +5,11 @@ token decodes depending on its left neighbour. So, as vLLM does, we decode a sho
 tokens with and without the newest ones and emit the difference once it no longer ends in the
 replacement character. Stop strings are found here too: text up to the stop string is emitted, the
 stop string and everything after it are not.
+
+Special tokens are skipped, as `skip_special_tokens` skips them, except those in `keep_special`: tags the
+tool-call parser reads that a checkpoint made special tokens (vLLM turns skip_special_tokens off for its
+tool parsers for this reason; keeping only the parser's tags leaves every other special token out of the
+text, as before).
 """
 
 from __future__ import annotations
@@ -16,20 +21,25 @@ CONTEXT_TOKENS = 6
 
 class Detokenizer:
     def __init__(self, tokenizer: Tokenizer, stop: list[str] | None = None, skip_ids: set[int] | None = None,
-                 prompt_tail: list[int] | None = None):
+                 prompt_tail: list[int] | None = None, keep_special: frozenset[int] = frozenset()):
         self.tok = tokenizer
+        self.skip_ids = set(skip_ids or ())
+        # Keeping some special tokens means decoding them all and dropping the others before decoding.
+        self.skip_special = not keep_special
+        if keep_special:
+            self.skip_ids |= {i for i, t in tokenizer.get_added_tokens_decoder().items()
+                              if t.special and i not in keep_special}
         # A few prompt tokens give the first generated token its left context.
-        self.ids: list[int] = list(prompt_tail or [])[-CONTEXT_TOKENS:]
+        self.ids: list[int] = [i for i in prompt_tail or [] if i not in self.skip_ids][-CONTEXT_TOKENS:]
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
         self.stop = [s for s in (stop or []) if s]
-        self.skip_ids = skip_ids or set()
         self.text = ""  # everything emitted so far
         self._held = ""  # decoded text held back because it might begin a stop string
         self.stopped = False
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tok.decode(ids, skip_special_tokens=True)
+        return self.tok.decode(ids, skip_special_tokens=self.skip_special)
 
     def add(self, token_id: int) -> str:
         """Feed one token; return the text it makes certain (possibly empty)."""

@@ -50,14 +50,16 @@ class Finish:
 
 async def run_choice(engine: Engine, tokenizer, prompt_ids: list[int], params: SamplingParams,
                      stop: list[str], metrics: Metrics | None = None,
-                     stream_interval: int = 1) -> AsyncIterator[Piece | Finish]:
+                     stream_interval: int = 1, keep_special: frozenset[int] = frozenset()
+                     ) -> AsyncIterator[Piece | Finish]:
     """The choice's pieces and then its Finish. `stream_interval` > 1 gathers that many tokens into a
     piece (the first token alone, so the time to first token does not change): a streamed answer then
     sends a chunk every N tokens, which at high concurrency cuts the server's and the client's per-chunk
-    work (SGLang's and vLLM's --stream-interval)."""
+    work (SGLang's and vLLM's --stream-interval). `keep_special`: special tokens whose text the pieces
+    keep (the parser's tags, serve/detokenizer.py); other special tokens are skipped."""
     pending: Piece | None = None
     first = True
-    choice = _choice(engine, tokenizer, prompt_ids, params, stop, metrics)
+    choice = _choice(engine, tokenizer, prompt_ids, params, stop, metrics, keep_special)
     try:
         async for item in choice:
             if isinstance(item, Finish):
@@ -75,9 +77,10 @@ async def run_choice(engine: Engine, tokenizer, prompt_ids: list[int], params: S
 
 
 async def _choice(engine: Engine, tokenizer, prompt_ids: list[int], params: SamplingParams,
-                  stop: list[str], metrics: Metrics | None = None) -> AsyncIterator[Piece | Finish]:
+                  stop: list[str], metrics: Metrics | None = None,
+                  keep_special: frozenset[int] = frozenset()) -> AsyncIterator[Piece | Finish]:
     stop_ids = set(params.stop_token_ids)
-    detok = Detokenizer(tokenizer, stop, prompt_tail=prompt_ids)
+    detok = Detokenizer(tokenizer, stop, prompt_tail=prompt_ids, keep_special=keep_special)
     start = time.monotonic()
     first: float | None = None
     n = 0

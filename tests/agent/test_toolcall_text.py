@@ -124,3 +124,26 @@ def test_a_call_of_an_undeclared_tool_stays_text():
                   "qwen3_coder", tools)
     assert coder.tool_calls == [] and "<function=shell>" in coder.content
     assert [c.name for c in parse(text, "hermes").tool_calls] == ["rm_everything", "read_file"]  # no tools: all
+
+
+def test_tags_name_what_the_parser_reads():
+    """A server keeps these as text where its tokenizer made them special tokens (serve/chat_format.py)."""
+    assert StreamParser("hermes").tags == ["<tool_call>", "</tool_call>"]
+    assert sorted(StreamParser("qwen3_coder", reasoning=True).tags) == sorted([
+        "<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=", "</parameter>", "<think>",
+        "</think>"])
+    for tag in StreamParser("auto", reasoning=True).tags:  # each one changes what the text parses as
+        assert parse(f"a {tag} b", reasoning=True) != parse("a  b", reasoning=True), tag
+
+
+def test_fallback_on_content_whose_special_tags_a_server_dropped():
+    """The agent's fallback, unchanged (issue 53, item 1): a server that decodes with skip_special_tokens and
+    leaves calls in content loses the <tool_call> tags some checkpoints make special. Qwen3-Coder calls still
+    parse (the wrapper is optional); a bare Hermes call is not told from text: it stays content, and counts as
+    a call attempt that never ran, which the loop tells the model."""
+    from agent.toolcall_text import unparsed_calls
+
+    coder = (QWEN + "\n" + QWEN).replace("<tool_call>", "").replace("</tool_call>", "")
+    assert [c.name for c in parse(coder).tool_calls] == ["read_file", "read_file"]
+    hermes = parse(HERMES.replace("<tool_call>", "").replace("</tool_call>", ""))
+    assert not hermes.tool_calls and len(unparsed_calls(hermes.content)) == 2
