@@ -202,7 +202,7 @@ def build(family: str, seed: int, size: str) -> Generated:
     if family == "js-bugfix":
         from agent.tasks.families.js import build_js
 
-        return build_js(seed, size)
+        return Generated(**build_js(seed, size))
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r} (known: {', '.join(GENERATORS)})")
     if size not in SIZES:

@@ -19,6 +19,8 @@ import shutil
 import subprocess
 from typing import Any
 
+from agent.tasks.families.mutate import edit_strings
+
 # module -> [(name, source, [(args, expected), ...])]; sources in one style (2 spaces, semicolons)
 POOL: dict[str, list[tuple[str, str, list[tuple[list[Any], Any]]]]] = {
     "geometry": [
@@ -123,9 +125,12 @@ def _breaking(name: str, cases: list, candidates: list[tuple[str, str]]) -> tupl
     return next((c for c, broke in zip(candidates, json.loads(p.stdout), strict=True) if broke), None)
 
 
-def build_js(seed: int, size: str):
-    from agent.tasks.families import Generated, _call
-    from agent.tasks.families.mutate import edit_strings
+def _call(name: str, **args: Any) -> dict[str, Any]:
+    return {"name": name, "arguments": args}
+
+
+def build_js(seed: int, size: str) -> dict[str, Any]:
+    """The fields of the task's families.Generated (a dict: this module is imported by that one)."""
 
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r} (known: {', '.join(SIZES)})")
@@ -171,7 +176,6 @@ def build_js(seed: int, size: str):
         {"tool_calls": [_call("shell", command=test_cmd)]},
         {"content": f"Fixed `{name}` in {path}: the {kind.replace('_', ' ')} is corrected and the tests pass."},
     ]
-    return Generated(files, hidden, prompt, plan, {"function": name, "module": path, "mutation": kind,
-                                                   "language": "javascript"},
-                     expected_tokens=250, fixed={path: good_module},
-                     verify=f"node --test {test_path} _hidden/check.test.js")
+    return {"files": files, "hidden": hidden, "prompt": prompt, "plan": plan,
+            "meta": {"function": name, "module": path, "mutation": kind, "language": "javascript"},
+            "expected_tokens": 250, "fixed": {path: good_module}, "verify": f"node --test {test_path} _hidden/check.test.js"}
