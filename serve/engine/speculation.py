@@ -39,6 +39,8 @@ from serve.engine.sampling import (
 )
 from serve.engine.sequence import Sequence
 
+PROBE_EVERY = 16  # tokens between probes of a sequence whose acceptance is under the bar
+
 
 class StepCost:
     """Seconds of a decode or verify step as a + b x rows, by exponentially weighted least squares. Until
@@ -105,7 +107,10 @@ class Speculator:
             return
         a, b = self.cost.coeffs()
         n = rows = float(len(decoding))
-        if self.config.adaptive and b * n >= a + b * rows:  # not even a sure token would pay: do not look
+        adaptive = self.config.adaptive
+        # the least a draft token must be expected to give: the bar only rises as tokens are added
+        bar = b * n / (a + b * rows) if adaptive else 0.0
+        if bar >= 1:  # not even a sure token would pay: do not look
             return
         cands: list[tuple[float, int, Sequence, list[int]]] = []
         for seq in decoding:
@@ -113,21 +118,30 @@ class Speculator:
                     self.max_model_len - len(seq))
             if k <= 0:
                 continue
-            prop = self._propose(seq, k)
+            rate = seq.spec.accept_rate if seq.spec is not None else self.accept_rate
+            # a sequence whose acceptance cannot clear the bar is not looked up (proposing costs ~0.1 ms a
+            # sequence: a tenth of a small batch's step), except every PROBE_EVERY tokens, when one draft
+            # token is verified whatever the bar, so that its acceptance keeps being measured
+            probe = adaptive and rate <= bar
+            if probe and seq.num_generated % PROBE_EVERY:
+                continue
+            prop = self._propose(seq, 1 if probe else k)
             tokens = prop.tokens
             if seq.matcher is not None and tokens:  # a token the grammar forbids ends the draft
                 tokens = tokens[: seq.matcher.validate_tokens(tokens)]
+            if probe:
+                seq.draft = tokens[:1]
+                rows += len(seq.draft)
+                continue
             g, trust = 1.0, prop.match / (prop.match + 1) * seq.spec.accept_rate
             for i, c in enumerate(prop.confidence[: len(tokens)]):
                 g *= c * trust
                 cands.append((g, i, seq, tokens))
-        if not cands:
-            return
         cands.sort(key=lambda c: (-c[0], c[1]))
         for g, i, seq, tokens in cands:
             if len(seq.draft) != i:  # an earlier token of this draft was left out
                 continue
-            if self.config.adaptive and g * (a + b * rows) <= b * n:  # (n + g) / (cost + b) would not beat n / cost
+            if adaptive and g * (a + b * rows) <= b * n:  # (n + g) / (cost + b) would not beat n / cost
                 continue
             seq.draft = tokens[: i + 1]
             n += g

@@ -92,3 +92,53 @@ def test_the_step_cost_model_fits_a_line_and_falls_back_to_a_prior():
         cost.observe(rows, 0.005 + 0.0005 * rows)
     a, b = cost.coeffs()
     assert a == pytest.approx(0.005, rel=0.1) and b == pytest.approx(0.0005, rel=0.1)
+
+
+def _decoding(tokens: list[int]):
+    from serve.engine.base import SamplingParams
+    from serve.engine.sampling import make_generator
+    from serve.engine.sequence import Sequence
+
+    params = SamplingParams(max_tokens=100, temperature=0.0)
+    seq = Sequence(list(tokens), params)
+    seq.generator = make_generator(params)
+    seq.num_computed = len(seq) - 1  # about to decode its last token
+    return seq
+
+
+def test_the_plan_drafts_where_it_pays_and_not_where_it_does_not():
+    from serve.engine.speculation import Speculator
+
+    repeating = [5, 6, 7, 8, 9, 10, 11, 12] * 6 + [5, 6, 7]
+    spec = Speculator(SpecConfig("suffix", 8), max_model_len=4096)
+    for _ in range(50):  # a step costs 10 ms plus 0.1 ms a row: extra rows are cheap
+        spec.cost.observe(1, 0.0101)
+        spec.cost.observe(9, 0.0109)
+    one = _decoding(repeating)
+    spec.plan([one])
+    # as long as each further token's expected gain (confidence x trust, multiplied) beats its row's cost
+    assert len(one.draft) >= 4 and one.draft == [8, 9, 10, 11, 12, 5, 6, 7][: len(one.draft)]
+    never = _decoding(list(range(100, 160)))
+    spec.plan([never])
+    assert never.draft == []  # no earlier occurrence: nothing to verify
+
+    pricey = Speculator(SpecConfig("suffix", 8), max_model_len=4096)
+    for _ in range(50):  # each row costs as much as the step itself: a batch of 8 gains nothing from drafts
+        pricey.cost.observe(8, 0.008)
+        pricey.cost.observe(16, 0.016)
+    batch = [_decoding(repeating) for _ in range(8)]
+    pricey.plan(batch)
+    assert all(s.draft == [] for s in batch)
+    assert pricey.plan_s < 0.01
+
+
+def test_fixed_drafting_verifies_every_proposal():
+    from serve.engine.speculation import Speculator
+
+    spec = Speculator(SpecConfig("ngram", 4, adaptive=False), max_model_len=4096)
+    for _ in range(20):
+        spec.cost.observe(8, 0.008)
+        spec.cost.observe(16, 0.016)
+    batch = [_decoding([5, 6, 7, 8, 9, 10] * 3 + [5, 6]) for _ in range(8)]
+    spec.plan(batch)
+    assert all(s.draft == [7, 8, 9, 10] for s in batch)
