@@ -103,6 +103,7 @@ def _decoding(tokens: list[int]):
     seq = Sequence(list(tokens), params)
     seq.generator = make_generator(params)
     seq.num_computed = len(seq) - 1  # about to decode its last token
+    seq.num_prompt_tokens = len(seq) - 3  # three generated: not a probing step (every 16th token)
     return seq
 
 
