@@ -36,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     rl.add_argument("--max-staleness", type=int, default=1,
                     help="use an episode at step s only if s - its policy version <= this (0 = synchronous)")
     rl.add_argument("--workers", type=int, default=4, help="episodes run at once (default 4)")
+    rl.add_argument("--overprovision", type=int, default=0,
+                    help="groups kept in flight beyond --groups-per-step: a step trains on the first groups to finish "
+                    "and carries the rest to the next step (within --max-staleness), not waiting on stragglers")
     rl.add_argument("--lr", type=float, default=1e-5)
     rl.add_argument("--seed", type=int, default=0)
     rl.add_argument("--temperature", type=float, default=1.0)
@@ -286,6 +289,7 @@ def _rl(args) -> int:
     reward = RewardConfig.from_dict(extra.get("reward", {}))
     cfg = RLConfig(steps=args.steps, group_size=args.group_size, groups_per_step=args.groups_per_step,
                    max_staleness=args.max_staleness, workers=args.workers, seed=args.seed,
+                   overprovision=args.overprovision,
                    save_every=args.save_every, temperature=args.temperature, max_output_tokens=args.max_output_tokens,
                    backend=args.backend, vary_environment=args.vary_environment)
     trainer = TrainerConfig(lr=args.lr, seed=args.seed, mxfp8_experts=not args.no_mxfp8, dtype=args.dtype,

@@ -34,8 +34,8 @@ from train.checkpoint import read_policy
 from train.progress import Progress
 from train.rewards import RewardConfig, compose
 from train.rollout import Episode, RolloutConfig, describe
+from train.rollouts import FirstGroups, Rollouts
 from train.rollouts import RLConfig as RLConfig  # the run's config and its batches: train/rollouts.py
-from train.rollouts import Rollouts
 from train.server import Server, cpu_share, is_loopback, launch
 from train.trainer import Trainer, TrainerConfig
 
@@ -139,7 +139,7 @@ def run(model_dir: str | Path, tasks: list[Task], out: str | Path, cfg: RLConfig
                                                  "loss": asdict(loss), "reward": asdict(reward or RewardConfig()),
                                                  "model": str(model_dir), "tasks": len(tasks)}, indent=2))
     if cfg.backend == "threads" and len(urls) <= 1:
-        rollouts = Rollouts(tasks, cfg, rollout, compose(reward or RewardConfig()), out, first,
+        rollouts = (FirstGroups if cfg.overprovision else Rollouts)(tasks, cfg, rollout, compose(reward or RewardConfig()), out, first,
                             trainer.policy_version, spec_hash)
     else:
         from train.distributed.rollouts import DistributedRollouts
@@ -163,7 +163,7 @@ def run(model_dir: str | Path, tasks: list[Task], out: str | Path, cfg: RLConfig
             # staleness in versions: they count on from the start checkpoint's own, one a step
             samples, advs, counts = advantages_for(episodes, trainer.policy_version, cfg, loss)
             m: dict[str, Any] = {"step": step, "policy_version": trainer.policy_version}
-            m |= _episode_metrics(episodes, trainer.policy_version) | counts
+            m |= _episode_metrics(episodes, trainer.policy_version) | counts | getattr(rollouts, "last_counts", {})
             if samples:
                 m |= trainer.step(samples, advs)
             else:  # nothing usable: keep versions moving so the staleness gate cannot deadlock
