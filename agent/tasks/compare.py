@@ -123,7 +123,7 @@ def _pass_block(ta: dict, tb: dict, ids: list[str], resamples: int, rng: random.
             if rb is not None and bool(ra["passed"]) != bool(rb["passed"]):
                 b += bool(ra["passed"])
                 c += bool(rb["passed"])
-    d.update(a_only=b, b_only=c, mcnemar_p=round(mcnemar(b, c), 6))
+    d.update(a_only=b, b_only=c, mcnemar_p=float(f"{mcnemar(b, c):.4g}"))
     d["significant"] = bool(d["ci"] and d["mcnemar_p"] < ALPHA and not d["ci"][0] <= 0 <= d["ci"][1])
     return d
 

@@ -12,11 +12,11 @@ files go in:
   the task's own reference fix changes (a rename across callers and tests) is not one. Such an episode
   is reported as not passing (runner.py), since the verdict came from tests the agent rewrote;
 - files the task did not need and the size ratio, where the task carries `reference_patch`;
-- lint: problems of ruff's default rule set (E4, E7, E9, F) present after and not before, matched by
-  (code, message, line text) so moved lines are not new; JavaScript: `node --check` syntax errors;
+- lint: problems of ruff's default rule set (E4, E7, E9, F) beyond those the file had, counted per rule
+  so moved or renamed lines are not new; JavaScript: `node --check` syntax errors;
 - format: changed lines the repository's formatter would rewrite (ruff format for Python, prettier for
-  JavaScript where installed); in a file that was never formatted, only as many as the edit added to
-  what the formatter would rewrite anyway (format_issues says how);
+  JavaScript where installed); in a file that was never formatted, in the file's own quotes and only as
+  many as the edit added to what the formatter would rewrite anyway (format_issues says how);
 - claims in the final answer that the episode's tool log does not support or contradicts, by the
   claims checker RL's evidence reward uses too (agent/tasks/claims.py).
 """
@@ -29,6 +29,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -155,14 +156,33 @@ def measure(task: Task, baseline: Baseline, answer: str = "", session: Any = Non
 
 
 def new_problems(path: str, before: str | None, after: str) -> list[str]:
-    """Problems `after` has that `before` had not ('line:col: CODE message')."""
+    """Problems `after` has beyond those `before` had ('line:col: CODE message'). Python: per ruff rule,
+    the surplus of `after`'s diagnostics over `before`'s (the ones on lines the episode wrote first), so
+    problems that moved, or whose line a rename rewrote, are not new."""
     if path.endswith((".py", ".pyi")):
-        from agent.tools.lint import new_python_problems
+        from agent.tools.lint import _ruff_json
 
         try:
-            return new_python_problems(before, after, path, select=LINT_SELECT)
+            old = _ruff_json(before, path, LINT_SELECT) if before is not None else []
+            new = _ruff_json(after, path, LINT_SELECT)
         except Exception:  # noqa: BLE001 - ruff missing or broken: no figure rather than a failed episode
             return []
+        surplus = Counter(d.get("code") for d in new)
+        surplus.subtract(Counter(d.get("code") for d in old))
+        old_lines = set((before or "").splitlines())
+        lines = after.splitlines()
+
+        def moved(d: dict) -> bool:  # on a line that was there before: reported after the written ones
+            row = d["location"]["row"]
+            return 0 < row <= len(lines) and lines[row - 1] in old_lines
+        out = []
+        for d in sorted(new, key=moved):
+            code = d.get("code")
+            if surplus[code] > 0:
+                surplus[code] -= 1
+                loc = d["location"]
+                out.append(f"{loc['row']}:{loc['column']}: {code or 'error'} {d.get('message', '')}")
+        return sorted(out, key=lambda p: int(p.split(":")[0]))
     if path.endswith((".js", ".mjs", ".cjs")) and shutil.which("node"):
         err_after = _node_check(after, Path(path).suffix)
         if err_after and (before is None or not _node_check(before, Path(path).suffix)):
@@ -223,13 +243,16 @@ def _format(cmd: list[str], text: str, root: Path) -> str | None:
 def format_issues(root: Path, path: str, before: str | None, after: str) -> list[int] | None:
     """Line numbers (in `after`) of lines the episode wrote that the formatter would rewrite; None when no
     formatter applies (none installed, or the file does not parse). Where the repository configures the
-    formatter or the file was formatted before, every such line counts; elsewhere the file has a style of
-    its own (the synthetic repositories are `ast.unparse` output, which ruff format would rewrite), and
-    only as many as the edit added to what the formatter rewrites in the file count: an edit in the
-    file's own style is clean, a sloppy one is not."""
+    formatter or the file was formatted before, every such line counts. Elsewhere the file has a style of
+    its own (the synthetic repositories are `ast.unparse` output: single quotes, one blank line between
+    functions), so the formatter keeps the file's quotes and only as many lines count as the edit added
+    to what it rewrites anyway: an edit in the file's own style is clean, a sloppy one is not."""
     cmd = _formatter(root, path)
     if cmd is None:
         return None
+    strict = _configured(root, path) or (before is not None and _rewritten(cmd, before, root) == set())
+    if not strict and path.endswith((".py", ".pyi")):
+        cmd = [*cmd, "--config", "format.quote-style = 'preserve'"]
     rewritten = _rewritten(cmd, after, root)
     if rewritten is None:
         return None
@@ -241,7 +264,7 @@ def format_issues(root: Path, path: str, before: str | None, after: str) -> list
             written.update(range(j1, j2))
     bad = sorted(n + 1 for n in written & rewritten)
     old = _rewritten(cmd, before, root) if before is not None else None
-    if _configured(root, path) or old is None or not old:
+    if strict or old is None:
         return bad
     return bad[: max(0, len(rewritten) - len(old))]
 

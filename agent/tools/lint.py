@@ -43,6 +43,7 @@ def ruff_bin() -> str:
 
 
 def _ruff_json(text: str, filename: str, select: str = INTRODUCED_SELECT) -> list[dict]:
+    """ruff's diagnostics of `text` (`select`: rule codes; eval's quality metrics ask for ruff's defaults)."""
     proc = subprocess.run(
         [ruff_bin(), "check", "--isolated", "--select", select, "--output-format", "json",
          "--stdin-filename", filename, "-"],
@@ -56,9 +57,8 @@ def _ruff_json(text: str, filename: str, select: str = INTRODUCED_SELECT) -> lis
         return []
 
 
-def new_python_problems(before: str | None, after: str, filename: str, select: str = INTRODUCED_SELECT) -> list[str]:
-    """Diagnostics present in `after` and not in `before`, as 'line:col: CODE message' strings (`select`:
-    ruff's rule codes; the eval's quality metrics ask for ruff's default set)."""
+def new_python_problems(before: str | None, after: str, filename: str) -> list[str]:
+    """Diagnostics present in `after` and not in `before`, as 'line:col: CODE message' strings."""
 
     def keyed(text: str, diags: list[dict]) -> list[tuple[tuple, dict]]:
         lines = text.splitlines()
@@ -70,8 +70,8 @@ def new_python_problems(before: str | None, after: str, filename: str, select: s
         return out
 
     with ThreadPoolExecutor(2) as pool:
-        fut_before = pool.submit(_ruff_json, before, filename, select) if before is not None else None
-        diags_after = _ruff_json(after, filename, select)
+        fut_before = pool.submit(_ruff_json, before, filename) if before is not None else None
+        diags_after = _ruff_json(after, filename)
         diags_before = fut_before.result() if fut_before else []
     seen = Counter(k for k, _ in keyed(before or "", diags_before))
     # A file that did not parse before has no trustworthy baseline: only syntax errors count then.

@@ -63,6 +63,17 @@ def test_reference_fix_is_clean_and_extra_files_are_unneeded(bugfix):
     assert sorted(q["unneeded_files"]) == ["README.md", "notes.txt"] and q["size_ratio"] > 2
 
 
+@pytest.mark.parametrize("family,seed,size", [("rename", 1, "small"), ("add-param", 0, "large"),
+                                               ("add-param", 3, "medium"), ("bugfix", 4, "large")])
+def test_reference_fixes_are_clean(family, seed, size):
+    """Cases the full expert run found: a rename rewrites lines that had E712 before (not new lint), an
+    added `sep=''` is in the file's own quotes (not a format issue)."""
+    task = generate(family, seed, size)
+    q = episode(task, lambda root: [(root / p).write_text(t) for p, t in build(family, seed, size).fixed.items()])
+    assert q["new_lint"] == [] and q["format_issues"] == [] and q["format_checked"] == q["files_changed"] > 0
+    assert q["size_ratio"] == 1.0 and q["unneeded_files"] == [] and q["test_edits"] == []
+
+
 def test_test_and_verifier_edits_are_flagged_unless_the_fix_needs_them(bugfix):
     task, path, fixed = bugfix
     mod = path.split("/")[1][:-3]
