@@ -250,6 +250,13 @@ def test_vllm_command_construction():
                                                 reasoning=False)
     with pytest.raises(VLLMUnavailable):
         vllm_command("m", host="h", port=1, served_name="m", tool_format="hermes", reasoning=False, quant="mxfp8")
+    # speculative decoding passes on as vLLM's own drafters of the same names
+    spec = vllm_command("m", host="h", port=1, served_name="m", tool_format="hermes", reasoning=False,
+                        speculative="ngram", num_speculative_tokens=5)
+    i = spec.index("--speculative-config")
+    assert json.loads(spec[i + 1]) == {"method": "ngram", "num_speculative_tokens": 5}
+    assert "--speculative-config" not in vllm_command("m", host="h", port=1, served_name="m", tool_format="hermes",
+                                                      reasoning=False)
 
 
 FAKE_VLLM = """
