@@ -42,12 +42,13 @@ from acp.schema import (
 )
 
 from agent import __version__
+from agent.acp.terminal import EditorTerminal
 from agent.acp.updates import KINDS, EditTexts, replay, title, to_updates
 from agent.approval import Approvals, Decision
 from agent.client import ModelError
 from agent.config import ConfigError, endpoint_source, load_config
 from agent.loop import MODES
-from agent.protocol import Event, Finished, Notice
+from agent.protocol import Event, Finished, Notice, ToolCallStarted
 from agent.render import Preview
 from agent.runtime import Runtime, build
 from agent.session import SessionNotFound
@@ -105,6 +106,9 @@ class AcpSession:
     def emit(self, event: Event) -> None:  # any thread
         if isinstance(event, Notice):
             log.warning("%s: %s", event.level, event.text)
+        terminal = self.rt.agent.ctx.terminal if self.rt is not None else None
+        if isinstance(event, ToolCallStarted) and terminal is not None:
+            terminal.calls.call_id = event.call_id  # on the tool's thread: the call its terminal belongs to
         for update in to_updates(event, self.root, self.edits):
             self.server.send((self.id, update))
 
@@ -176,6 +180,7 @@ class ComposerAcp:
         self.queue: asyncio.Queue | None = None
         self.builtin: Any = None
         self.fs: Any = None  # the client's file system capabilities, from initialize
+        self.terminal = False  # whether the client offers terminal/*, from initialize
         self._builtin_lock = threading.Lock()
         self._sender: asyncio.Task | None = None
 
@@ -235,6 +240,7 @@ class ComposerAcp:
     async def initialize(self, protocol_version: int, client_capabilities: Any = None, client_info: Any = None,
                          **kwargs: Any) -> InitializeResponse:
         self.fs = getattr(client_capabilities, "fs", None)
+        self.terminal = bool(getattr(client_capabilities, "terminal", False))
         return InitializeResponse(
             protocol_version=min(protocol_version, PROTOCOL_VERSION),
             agent_capabilities=AgentCapabilities(
@@ -319,6 +325,8 @@ class ComposerAcp:
             getattr(self.fs, "write_text_file", False))
         if can_read or can_write:
             rt.agent.ctx.editor = EditorFiles(self, s.id, can_read, can_write)
+        if self.terminal:
+            rt.agent.ctx.terminal = EditorTerminal(self, s.id)
         self.sessions[s.id] = s
         rt.agent.set_mode(self.mode)
         return s

@@ -20,6 +20,7 @@ from acp import (
     text_block,
     tool_content,
     tool_diff_content,
+    tool_terminal_ref,
     update_agent_message_text,
     update_agent_thought_text,
     update_plan,
@@ -107,7 +108,10 @@ def to_updates(event: Event, root: Path, edits: EditTexts) -> list[Any]:
 def _finished(event: ToolCallFinished, edits: EditTexts) -> list[Any]:
     shown = event.content if len(event.content) <= MAX_OUTPUT_CHARS else (
         event.content[:MAX_OUTPUT_CHARS] + f"\n… [{len(event.content) - MAX_OUTPUT_CHARS} more characters]")
-    content = [tool_content(text_block(shown))]
+    # A command run in the editor's terminal stays shown as that terminal (its output is there, live
+    # and after); the text would repeat it.
+    tid = event.data.get("terminal_id")
+    content = [tool_terminal_ref(tid)] if tid else [tool_content(text_block(shown))]
     change = edits.finished(event.call_id) if event.name in EDITS else None
     if change is not None and event.ok:
         path, old, new = change

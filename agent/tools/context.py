@@ -122,6 +122,10 @@ class ToolContext:
     # so unsaved buffers are what the file tools read and edit: `read(path) -> str | None` (None: read the
     # disk) and `write(path, text) -> bool` (False: write the disk; ToolError when the editor fails).
     editor: Any = None
+    # The editor's terminals when a front-end offers them (ACP's terminal/*), so the person watches the
+    # command live where they work: `run(argv, cwd, env, timeout_s, cancel) -> TerminalRun` (agent/tools/
+    # shell.py), which kills the command on timeout or cancel. None: shell runs it here, under the reaper.
+    terminal: Any = None
     # Filled lazily by the semantic_search tool (index/ is imported only when used).
     search_index: Any = None
     _rg: str | None | bool = field(default=False, repr=False)

@@ -10,6 +10,10 @@ reader holds only the first and last MiB in memory, so the tail is the real end 
 output; the log is capped at 64 MiB plus that last MiB, and says so. A background process that keeps
 the pipe open does not block the call: once bash exits we stop waiting for the pipe after a moment.
 
+When a front-end offers the editor's terminals (ctx.terminal, ACP's terminal/*), the command runs there
+instead, so the person sees it live; the editor owns its processes (a timeout or an interrupt asks it to
+kill them), and the model gets the same result: exit code, head + tail, the full log kept when cut.
+
 With `sandbox` the command runs under bubblewrap: the filesystem read-only except the workspace (and
 added roots) and a private /tmp, no network. Missing bubblewrap fails closed.
 """
@@ -77,6 +81,8 @@ def shell(
     if ctx.sandbox:
         argv = sandbox_argv(ctx) + argv
     log_path = ctx.workspace.state_dir("shell") / f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:8]}.log"
+    if ctx.terminal is not None:
+        return _in_terminal(ctx, command, argv, timeout_s, log_path)
     start = time.monotonic()
     run = _Run.start(argv, ctx.root)
     reader = _Reader(run.proc, log_path)
@@ -98,6 +104,49 @@ def shell(
         "duration_s": round(elapsed, 3), "log_path": ctx.workspace.display(log_path) if cut else None,
         "log_capped": snap.log_capped, "output_bytes": snap.total, "sandboxed": ctx.sandbox,
         "killed": run.report.get("killed", 0), "survivors": run.report.get("survivors", []),
+    })
+
+
+@dataclass
+class TerminalRun:
+    """What an editor's terminal gives back: its output (the end of it when `truncated`), how the
+    command ended, and `stop` ("timeout", "interrupt" or None) with whether the editor confirmed the kill."""
+
+    output: str
+    truncated: bool
+    exit_code: int | None
+    signal: str | None
+    stop: str | None
+    kill_confirmed: bool = False
+    terminal_id: str = ""
+
+
+def _in_terminal(ctx: ToolContext, command: str, argv: list[str], timeout_s: int, log_path: Path) -> ToolResult:
+    """The command in the editor's terminal; the result shaped as the local run's (see _status)."""
+    start = time.monotonic()
+    run = ctx.terminal.run(argv, ctx.root, SHELL_ENV, timeout_s, ctx.cancel)
+    elapsed = time.monotonic() - start
+    raw = run.output.encode("utf-8", errors="replace")
+    snap = _Snapshot(raw, b"", len(raw), 0, False)
+    text, cut = model_text(snap, ctx.workspace.display(log_path))
+    if cut:  # the model is told where the whole output is: keep it there
+        log_path.write_bytes(raw)
+    if run.truncated:
+        text = "[… the editor kept only the end of the output …]\n" + text
+    if run.stop is None:
+        rc = run.exit_code if run.exit_code is not None else -1
+        status = f"exit code {rc}" if run.exit_code is not None else f"killed by signal {run.signal or '?'}"
+    else:
+        rc, why = (124, f"timed out after {timeout_s} s") if run.stop == "timeout" else (130, "interrupted by the user")
+        killed = ("the editor killed the command" if run.kill_confirmed else
+                  "the kill was sent, but the editor did not confirm that the command ended")
+        status = f"{why}: {killed} (exit code {rc})"
+    body = text.rstrip("\n") if text.strip() else "(no output)"
+    return ToolResult(f"{body}\n[{status}; {elapsed:.1f} s]", ok=rc == 0, data={
+        "command": command, "exit_code": rc, "timed_out": run.stop == "timeout",
+        "interrupted": run.stop == "interrupt", "duration_s": round(elapsed, 3),
+        "log_path": ctx.workspace.display(log_path) if cut else None, "output_bytes": len(raw),
+        "sandboxed": ctx.sandbox, "terminal_id": run.terminal_id,
     })
 
 

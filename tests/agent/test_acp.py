@@ -406,3 +406,135 @@ def test_mcp_servers_the_editor_passes_join_the_tools_and_obey_the_mode(repo):
     assert sorted(u.status for u in ends.values()) == ["completed", "failed"]
     assert "forty-two" in [m["content"] for m in requests[1]["messages"] if m["role"] == "tool"][0]
     assert not (repo / "note.txt").exists() and not editor.asks
+
+
+class TerminalEditor(Editor):
+    """An editor offering terminals: terminal/* really run the command in a subprocess of the client (in
+    its own process group, as an editor's terminal is) with a marker in its environment, so output that
+    carries the marker can only have come from here."""
+
+    def __init__(self):
+        super().__init__()
+        self.terminals: dict[str, Any] = {}
+        self.calls: list[tuple[str, str]] = []
+
+    async def create_terminal(self, session_id: str, command: str, args: Any = None, env: Any = None,
+                              cwd: Any = None, output_byte_limit: Any = None, **kw: Any):
+        from acp.schema import CreateTerminalResponse
+
+        tid = f"term-{len(self.terminals) + 1}"
+        proc = await asyncio.create_subprocess_exec(
+            command, *(args or []), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+            env={**os.environ, **{e.name: e.value for e in env or []}, "IN_EDITOR_TERMINAL": "yes"})
+        out = bytearray()
+
+        async def read():
+            while chunk := await proc.stdout.read(4096):
+                out.extend(chunk)
+
+        self.terminals[tid] = (proc, out, asyncio.create_task(read()))
+        self.calls.append(("create", tid))
+        return CreateTerminalResponse(terminal_id=tid)
+
+    async def terminal_output(self, session_id: str, terminal_id: str, **kw: Any):
+        from acp.schema import TerminalExitStatus, TerminalOutputResponse
+
+        proc, out, _ = self.terminals[terminal_id]
+        self.calls.append(("output", terminal_id))
+        rc = proc.returncode
+        status = None if rc is None else TerminalExitStatus(exit_code=rc if rc >= 0 else None,
+                                                            signal=None if rc >= 0 else f"signal {-rc}")
+        return TerminalOutputResponse(output=out.decode(), truncated=False, exit_status=status)
+
+    async def wait_for_terminal_exit(self, session_id: str, terminal_id: str, **kw: Any):
+        from acp.schema import WaitForTerminalExitResponse
+
+        proc, _, reader = self.terminals[terminal_id]
+        rc = await proc.wait()
+        await reader
+        return WaitForTerminalExitResponse(exit_code=rc if rc >= 0 else None, signal=None if rc >= 0 else str(-rc))
+
+    async def kill_terminal(self, session_id: str, terminal_id: str, **kw: Any):
+        self.calls.append(("kill", terminal_id))
+        proc = self.terminals[terminal_id][0]
+        if proc.returncode is None:
+            os.killpg(proc.pid, 9)
+
+    async def release_terminal(self, session_id: str, terminal_id: str, **kw: Any):
+        self.calls.append(("release", terminal_id))
+
+
+async def terminal_session(editor: Editor, repo: Path, srv: ScriptedServer):
+    cmd = agent_cmd("acp", "--base-url", srv.base_url, "--approval", "auto")
+    ctx = spawn_agent_process(editor, cmd[0], *cmd[1:], env=env_for(repo), cwd=str(repo))
+    conn, _ = await ctx.__aenter__()
+    await conn.initialize(protocol_version=PROTOCOL_VERSION, client_capabilities=ClientCapabilities(terminal=True))
+    return ctx, conn, (await conn.new_session(cwd=str(repo), mcp_servers=[])).session_id
+
+
+def test_shell_runs_in_the_editors_terminal_and_a_timeout_kills_it(repo):
+    """clientCapabilities.terminal: the shell command runs through terminal/create in the editor (the
+    marker only its terminals have is in the output), the tool call shows that terminal, the model gets
+    the usual result (output, exit code); a command past its timeout_s is killed through terminal/kill.
+    Every terminal is released."""
+    script = [{"tool_calls": [{"name": "shell", "arguments": {"command": "echo marker=$IN_EDITOR_TERMINAL; pwd; exit 3"}}]},
+              {"tool_calls": [{"name": "shell", "arguments": {"command": "sleep 30 && touch late", "timeout_s": 1}}]},
+              {"content": "Done."}]
+    editor = TerminalEditor()
+
+    async def go():
+        with ScriptedServer(script) as srv:
+            ctx, conn, sid = await terminal_session(editor, repo, srv)
+            try:
+                resp = await conn.prompt(session_id=sid, prompt=[text_block("run it")])
+            finally:
+                await ctx.__aexit__(None, None, None)
+            return resp, srv.chat_requests()
+
+    resp, requests = run(go())
+    assert resp.stop_reason == "end_turn"
+    told = [m["content"] for m in requests[2]["messages"] if m["role"] == "tool"]
+    assert "marker=yes" in told[0] and str(repo) in told[0] and "exit code 3" in told[0]
+    assert "timed out after 1 s: the editor killed the command (exit code 124)" in told[1]
+    assert editor.calls == [("create", "term-1"), ("output", "term-1"), ("release", "term-1"),
+                            ("create", "term-2"), ("kill", "term-2"), ("output", "term-2"), ("release", "term-2")]
+    starts = [u.tool_call_id for u in editor.of("tool_call")]
+    shown = [(u.tool_call_id, [(c.type, getattr(c, "terminal_id", None)) for c in u.content or []])
+             for u in editor.of("tool_call_update")]
+    for call, tid in zip(starts, ("term-1", "term-2"), strict=True):
+        assert [c for i, c in shown if i == call] == [[("terminal", tid)]] * 2  # while running, and finished
+    time.sleep(0.2)
+    assert not (repo / "late").exists()
+
+
+def test_cancel_kills_the_command_in_the_editors_terminal(repo):
+    """session/cancel while a command runs in the editor's terminal: terminal/kill, the prompt answers
+    `cancelled` at once, the command never finishes, the terminal is released."""
+    script = [{"tool_calls": [{"name": "shell", "arguments": {"command": "sleep 30 && touch late"}}]},
+              {"content": "never"}]
+    editor = TerminalEditor()
+
+    async def go():
+        with ScriptedServer(script) as srv:
+            ctx, conn, sid = await terminal_session(editor, repo, srv)
+            try:
+                task = asyncio.create_task(conn.prompt(session_id=sid, prompt=[text_block("sleep")]))
+                while not editor.terminals:
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(0.3)
+                t0 = time.perf_counter()
+                await conn.cancel(session_id=sid)
+                resp = await task
+                took = time.perf_counter() - t0
+            finally:
+                await ctx.__aexit__(None, None, None)
+            return resp, took
+
+    resp, took = run(go())
+    print(f"\ncancel → prompt answered with the editor's terminal killed: {took * 1000:.0f} ms")
+    assert resp.stop_reason == "cancelled" and took < 3.0
+    assert editor.calls == [("create", "term-1"), ("kill", "term-1"), ("output", "term-1"), ("release", "term-1")]
+    assert editor.terminals["term-1"][0].returncode == -9
+    time.sleep(0.2)
+    assert not (repo / "late").exists()
