@@ -49,6 +49,7 @@ class PendingApproval:
     tool: str
     args: dict[str, Any]
     preview: Preview
+    plan: bool = False  # the question is whether to carry out a plan, not about a tool call
     done: threading.Event = field(default_factory=threading.Event)
     decision: Decision = field(
         default_factory=lambda: Decision("no", "The interface closed before an answer.")
@@ -216,7 +217,12 @@ class ComposerApp(App[int]):
         def work() -> None:
             status = "error"
             try:
-                status = controller.run_turn(text).status
+                finished = controller.run_turn(text)
+                status = finished.status
+                # A plan-mode turn that ended with a plan: asked here, as line mode and ACP ask it.
+                plan = controller.plan_ready(finished)
+                if plan and self._accepts_plan(plan):
+                    status = controller.accept_plan().status
             except Exception as e:  # noqa: BLE001 - a bug must not leave the UI stuck busy
                 self._to_ui(self._notice, f"Internal error: {type(e).__name__}: {e}", "error")
             finally:
@@ -293,7 +299,9 @@ class ComposerApp(App[int]):
 
     def ask(self, call: Any, tool: Any, args: dict[str, Any], preview: Preview) -> Decision:
         """The controller's approval callback: runs on a tool thread and blocks until answered."""
-        pending = PendingApproval(call.id, tool.name, args, preview)
+        return self._wait_for(PendingApproval(call.id, tool.name, args, preview))
+
+    def _wait_for(self, pending: PendingApproval) -> Decision:
         if self._closed:
             return pending.decision
         try:
@@ -305,13 +313,19 @@ class ComposerApp(App[int]):
                 break
         return pending.decision
 
+    def _accepts_plan(self, todos: list[dict[str, Any]]) -> bool:
+        """On the turn's thread: ask whether to carry out the plan; blocks until answered (no on quit)."""
+        lines = [("dim" if t.get("status") == "completed" else "", f"• {t.get('content', '')}") for t in todos]
+        pending = PendingApproval("", "plan", {}, Preview("Carry out this plan in code mode?", lines), plan=True)
+        return self._wait_for(pending).answer == "yes"
+
     async def _show_approval(self, pending: PendingApproval) -> None:
         await self.pump.flush()  # make sure the call's card is on screen before asking about it
         self.pending = pending
         card = self.transcript.cards.get(pending.call_id)
         if card is not None:
             card.asking()
-        self.query_one(ApprovalBar).ask(pending.tool, pending.preview)
+        self.query_one(ApprovalBar).ask(pending.tool, pending.preview, pending.plan)
 
     def on_approval_bar_answered(self, message: ApprovalBar.Answered) -> None:
         self._resolve(message.decision)

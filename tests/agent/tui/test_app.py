@@ -460,3 +460,36 @@ def test_shift_tab_cycles_the_mode_and_ask_mode_writes_nothing(repo):
                 assert not (repo / "new.txt").exists()
 
     asyncio.run(body())
+
+
+def test_a_plan_mode_turn_ending_with_a_plan_asks_to_carry_it_out_and_yes_switches_to_code(repo):
+    """Plan mode: the turn ends with a todo list, the bar asks (y/n only: 'a' does nothing), y switches to
+    code mode and the plan is carried out in a turn that may now edit."""
+    script = [
+        {"tool_calls": [{"name": "todo_write", "arguments": {"todos": [{"content": "fix add", "status": "pending"}]}}]},
+        {"content": "Plan: fix add."},
+        {"tool_calls": [{"name": "edit_file", "arguments": {"path": "calc.py", "old_string": "a - b",
+                                                            "new_string": "a + b"}}]},
+        {"content": "Carried out."},
+    ]
+
+    async def body():
+        with ScriptedServer(script) as srv:
+            app = make_app(repo, srv.base_url)
+            async with app.run_test(size=SIZE) as pilot:
+                await connected(pilot)
+                app.controller.command("/mode plan")
+                await send(pilot, "plan the fix")
+                bar = app.query_one(ApprovalBar)
+                await until(pilot, lambda: bar.display and app.pending is not None, "the plan question")
+                await shows(pilot, "Carry out this plan in code mode?", "• fix add", "[n] no, keep planning")
+                assert app.controller.mode == "plan" and (repo / "calc.py").read_text().endswith("a - b\n")
+                await pilot.press("a")  # not an answer to this question
+                assert app.pending is not None
+                await pilot.press("y")
+                await until(pilot, lambda: not app.busy and "Carried out" in screen_text(app), "the plan carried out")
+                assert app.controller.mode == "code" and app.controller.rt.agent.mode == "code"
+                assert (repo / "calc.py").read_text().endswith("a + b\n")
+                assert not bar.display
+
+    asyncio.run(body())
