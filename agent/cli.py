@@ -56,10 +56,11 @@ def build_parser() -> Parser:
     p.add_argument("--approval", choices=["auto", "ask", "read-only"],
                    help="which tool calls need a yes: shell and writes (interactive default ask; "
                         "headless: read-only by default, auto lets the run edit files and run commands)")
-    p.add_argument("--mode", choices=["code", "ask", "plan"], default="code",
+    p.add_argument("--mode", choices=["code", "ask", "plan"],
                    help="code: tools as --approval allows (default); ask: answers from read-only tools; plan: "
                         "read-only, ends with a plan as a todo list. In ask and plan no file is written and no "
-                        "shell command runs, whatever --approval says")
+                        "shell command runs, whatever --approval says. --resume without --mode: the session's "
+                        "own mode")
     p.add_argument("--sandbox", action="store_true", default=None,
                    help="run shell commands under bubblewrap: no network, writes only in the workspace")
     m = p.add_argument_group("model server")
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     if headless:  # its first line says what it may change, before the model (perhaps the built-in) starts
         from agent.headless import announce
 
-        code = announce(config, root, as_json=args.json, mode=args.mode)
+        code = announce(config, root, as_json=args.json, mode=args.mode or "code")
         if code is not None:
             return code
     server = None

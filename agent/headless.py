@@ -142,7 +142,7 @@ def announce(config: Config, root: Path, *, as_json: bool, mode: str = "code") -
 
 
 def run(config: Config, root: Path, task: str | None, *, as_json: bool, resume: str | None,
-        mode: str = "code") -> int:
+        mode: str | None = None) -> int:
     """The run itself; the entry point has called `announce` first."""
     emit = JsonEvents(sys.stdout) if as_json else Progress(sys.stderr)
     try:
@@ -153,7 +153,7 @@ def run(config: Config, root: Path, task: str | None, *, as_json: bool, resume: 
     except SessionNotFound as e:
         report_failure("session", str(e), as_json=as_json)
         return EXIT_USAGE
-    rt.agent.set_mode(mode)
+    rt.agent.set_mode(mode or rt.agent.mode)  # no --mode: a resumed session's recorded one, else code
     result: list[Finished] = []
     crash: list[BaseException] = []
     done = threading.Event()

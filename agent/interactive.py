@@ -37,19 +37,21 @@ class Interactive:
         ask: Ask | None = None,
         model: Model | None = None,
         resume: str | None = None,
-        mode: str = "code",
+        mode: str | None = None,
     ):
         self.config, self.root, self.emit, self.ask = config, root, emit, ask
-        self.mode = mode  # kept here too: /clear and /resume build a new agent in the same mode
+        self.mode = "code"  # kept here too: /clear builds a new agent in the same mode
         self._given_model = model
         self.approvals = Approvals(config.approval, ask)
-        self.rt: Runtime = self._build(resume)
+        self.rt: Runtime = self._build(resume, mode)
         self.checkpoints = Checkpoints(root)
         self._note = ""
         self._files: list[str] | None = None
         self.turn_started_at: float | None = None
 
-    def _build(self, resume: str | None) -> Runtime:
+    def _build(self, resume: str | None, mode: str | None = None) -> Runtime:
+        """`mode`: the one asked for (--mode); without it a resumed session keeps its recorded mode and
+        a new one (/clear) the current mode."""
         rt = build(
             self.config,
             self.root,
@@ -59,7 +61,8 @@ class Interactive:
             model=self._given_model,
         )
         self.approvals.ctx = rt.agent.ctx  # approval previews diff against the files the tools see
-        rt.agent.set_mode(self.mode)
+        rt.agent.set_mode(mode or (rt.agent.mode if resume else self.mode))
+        self.mode = rt.agent.mode
         return rt
 
     # -- turns ----------------------------------------------------------------------------------------

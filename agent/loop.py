@@ -159,6 +159,8 @@ class Agent:
             raise ValueError(f"unknown mode {mode!r}; modes: {', '.join(MODES)}")
         if mode != self.mode:
             self.mode = mode
+            # Recorded so that a resumed session starts in it (agent.runtime.build reads it back).
+            self.session.write({"type": "mode", "mode": mode, "at": time.time()})
             self.emit(ModeChanged(mode))
 
     def plan_ready(self, finished: Finished) -> list[dict[str, Any]]:

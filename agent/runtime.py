@@ -63,6 +63,8 @@ def build(config: Config, root: Path, *, emit: Callable[[Event], None], approve:
                                  spec_hash=registry.spec_hash(), tools=registry.specs(), context_window=window)
     agent = Agent(model, registry, ctx, config, session, context_window=window, emit=emit, approve=approve,
                   messages=messages)
+    if resume:  # where the session left off; set, not switched: nothing changed, nothing to record
+        agent.mode = data.mode or "code"
     system = messages[0]["content"] if messages else system_prompt(root, workspace.extra_roots, date)
     emit(SessionStarted(session.id, str(root), model.name, config.base_url, registry.spec_hash(), window,
                         resumed=bool(resume), model_builtin=config.builtin_model))

@@ -13,6 +13,8 @@ Records (one JSON object per line, `type` first):
   tools      turn, calls: [{id, name, ok, duration_s}]
   segment    segment, summary, tokens_before           the context was summarised; a new segment starts
   resumed    at
+  mode       mode, at                                  the mode changed (code | ask | plan); a resumed
+                                                       session starts in the last one recorded
   finished   status, turns, duration_s, prompt_tokens, completion_tokens, error
 
 Messages are stored once, so the file grows linearly; `requests()` rebuilds exactly the message list
@@ -45,6 +47,12 @@ class SessionData:
     meta: dict[str, Any]
     segments: list[list[Message]] = field(default_factory=list)
     records: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def mode(self) -> str | None:
+        """The mode the session was last in; None when it never left code (no record)."""
+        modes = [r["mode"] for r in self.records if r.get("type") == "mode"]
+        return modes[-1] if modes else None
 
     @classmethod
     def from_records(cls, records: list[dict[str, Any]]) -> SessionData:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 
-def main(root: Path, flags: dict[str, Any], mode: str = "code") -> int:
+def main(root: Path, flags: dict[str, Any], mode: str | None = None) -> int:
     try:
         import acp  # noqa: F401
     except ImportError:  # said here, not through agent.cli's helper: cli imports this module
@@ -40,7 +40,7 @@ def main(root: Path, flags: dict[str, Any], mode: str = "code") -> int:
     return 0
 
 
-async def _serve(rpc_out: Any, flags: dict[str, Any], mode: str) -> None:
+async def _serve(rpc_out: Any, flags: dict[str, Any], mode: str | None) -> None:
     import asyncio
 
     from acp import run_agent, stdio_streams

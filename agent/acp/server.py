@@ -172,8 +172,8 @@ class EditorFiles:
 class ComposerAcp:
     """The ACP agent: the SDK calls these methods, one coroutine per request."""
 
-    def __init__(self, flags: dict[str, Any], mode: str = "code"):
-        self.flags, self.mode = flags, mode
+    def __init__(self, flags: dict[str, Any], mode: str | None = None):
+        self.flags, self.mode = flags, mode or "code"  # the mode of new sessions
         self.conn: Any = None
         self.sessions: dict[str, AcpSession] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -328,7 +328,9 @@ class ComposerAcp:
         if self.terminal:
             rt.agent.ctx.terminal = EditorTerminal(self, s.id)
         self.sessions[s.id] = s
-        rt.agent.set_mode(self.mode)
+        # A loaded session goes on in the mode it was saved in (runtime.build read it back); --mode, set
+        # once in the editor's settings, is for new ones.
+        rt.agent.set_mode(rt.agent.mode if resume else self.mode)
         return s
 
     def _build(self, s: AcpSession, root: Path, mcp_servers: list[Any], resume: str | None) -> Runtime:

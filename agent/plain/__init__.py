@@ -10,7 +10,7 @@ from pathlib import Path
 from agent.config import Config
 
 
-def run(config: Config, root: Path, *, resume: str | None = None, mode: str = "code") -> int:
+def run(config: Config, root: Path, *, resume: str | None = None, mode: str | None = None) -> int:
     from agent.plain.app import run as run_line_mode
 
     return run_line_mode(config, root, resume=resume, mode=mode)

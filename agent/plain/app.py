@@ -46,7 +46,7 @@ class Question:
 
 
 class LineMode:
-    def __init__(self, config: Config, root: Path, resume: str | None, mode: str = "code"):
+    def __init__(self, config: Config, root: Path, resume: str | None, mode: str | None = None):
         self.config, self.root, self.resume, self.mode = config, root, resume, mode
         self.out = sys.stdout
         self.colour = supports_colour(self.out)
@@ -242,5 +242,5 @@ class LineMode:
             p.release()
 
 
-def run(config: Config, root: Path, *, resume: str | None = None, mode: str = "code") -> int:
+def run(config: Config, root: Path, *, resume: str | None = None, mode: str | None = None) -> int:
     return LineMode(config, root, resume, mode).run()

@@ -7,7 +7,7 @@ from pathlib import Path
 from agent.config import Config
 
 
-def run(config: Config, root: Path, *, resume: str | None = None, mode: str = "code") -> int:
+def run(config: Config, root: Path, *, resume: str | None = None, mode: str | None = None) -> int:
     from agent.tui.app import ComposerApp
 
     def connect(emit, ask):

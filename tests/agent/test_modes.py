@@ -87,3 +87,35 @@ def test_headless_mode_flag_writes_nothing_even_with_approval_auto(tmp_path):
     assert proc.stdout.strip() == "f says before"
     assert proc.stderr.splitlines()[0].startswith("composer-agent: ask mode: it may read")
     assert untouched(repo)
+
+
+def test_the_mode_is_saved_with_the_session_and_a_resumed_session_starts_in_it(tmp_path):
+    """The session file records each change of mode; line mode's --resume (without --mode) goes on in
+    the last one recorded, so a model that tries to write in the resumed session changes nothing."""
+    import os
+    import subprocess
+
+    from agent.session import find_session, load
+
+    from .test_headless import agent_cmd
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "f.txt").write_text("before\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COMPOSER_")}
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "xdg")
+
+    def line_mode(srv, *args, said):  # stdin piped: line mode, one message a line
+        return subprocess.run(agent_cmd("--cwd", str(repo), "--base-url", srv.base_url, "--approval", "auto", *args),
+                              input=said, capture_output=True, text=True, env=env, timeout=60)
+
+    with ScriptedServer([{"content": "noted"}, TRIES, {"content": "f says before"}]) as srv:
+        first = line_mode(srv, "--mode", "plan", said="hello\n/mode ask\n")
+        assert first.returncode == 0, first.stderr
+        (path,) = (repo / ".composer" / "sessions").glob("*.jsonl")
+        assert [r["mode"] for r in load(path).records if r["type"] == "mode"] == ["plan", "ask"]
+        second = line_mode(srv, "--resume", path.stem, said="write f\n")
+        assert second.returncode == 0, second.stderr
+        told = [m["content"] for m in srv.chat_requests()[2]["messages"] if m["role"] == "tool"]
+    assert untouched(repo) and len(told) == 4 and all("ask mode" in t for t in told)
+    assert load(find_session(repo / ".composer" / "sessions", path.stem)).mode == "ask"
