@@ -163,7 +163,6 @@ def test_a_model_that_passes_by_editing_the_test_does_not_pass(tmp_path):
 
 def test_unsupported_claims_of_the_answer(tmp_path):
     """Claims the tool log does not show are counted (the checker is agent/tasks/claims.py, issue 56)."""
-    pytest.importorskip("agent.tasks.claims")
     src = _tree(tmp_path / "src", {"calc.py": CALC, "tests/test_calc.py": TEST, "conftest.py": ""})
     task = Task(id="claims", prompt="fix add", verify="python -m pytest -q -p no:cacheprovider tests",
                 workspace=str(src))
