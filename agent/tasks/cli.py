@@ -38,6 +38,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--limit", type=int, help="only the first N tasks")
     p.add_argument("--temperature", type=float)
     p.add_argument("--seed", type=int, help="sampling seed sent with every request (two seeds: two samples)")
+    p.add_argument("--max-output-tokens", type=int, help="max_tokens per model turn (the built-in model's: 96)")
     p.add_argument("--no-sandbox", action="store_true", help="run shell commands without bubblewrap")
     p.add_argument("--expert", action="store_true", help="evaluate the scripted expert (synthetic suites)")
     args = p.parse_args(argv)
@@ -52,7 +53,9 @@ def main(argv: list[str]) -> int:
         config = load_config(Path.cwd(), {k: v for k, v in {"base_url": args.base_url, "model": args.model,
                                                             "api_key": args.api_key,
                                                             "temperature": args.temperature,
-                                                            "seed": args.seed}.items() if v is not None})
+                                                            "seed": args.seed,
+                                                            "max_output_tokens": args.max_output_tokens,
+                                                            }.items() if v is not None})
         ecfg = EvalConfig(args.concurrency, args.repeat, False if args.no_sandbox else None)
     except (TaskError, ConfigError, ValueError) as e:
         print(f"composer-agent eval: error: {e}", file=sys.stderr)

@@ -93,3 +93,17 @@ def test_the_seed_reaches_every_request(tmp_path):
                  tmp_path / "out", log=quiet)
         bodies = srv.chat_requests()
     assert len(bodies) == 2 and [b.get("seed") for b in bodies] == [7, 7]
+
+
+def test_seed_and_max_output_tokens_flags_reach_the_server(tmp_path):
+    """What the BENCHMARKS commands pass (--seed, --max-output-tokens) is in every request the CLI sends."""
+    tasks = tmp_path / "tasks.jsonl"
+    from agent.tasks.spec import write_tasks
+
+    write_tasks([builtin("synthetic-small")[1]], tasks)
+    with ScriptedServer([{"content": "I don't know."}]) as srv:
+        r = _cli(str(tasks), "--base-url", srv.base_url, "--seed", "3", "--max-output-tokens", "96", "--out",
+                 str(tmp_path / "out"), "--no-sandbox", cwd=tmp_path)
+        bodies = srv.chat_requests()
+    assert r.returncode == 0, r.stderr
+    assert bodies and all(b.get("seed") == 3 and b.get("max_tokens") == 96 for b in bodies)
