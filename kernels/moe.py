@@ -105,14 +105,16 @@ def moe_forward(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: 
                 cpu_kernels: ModuleType | None = None) -> torch.Tensor:
     _check(x_TD, topk_ids_TK, topk_weights_TK, w13, w2)
     if isinstance(w13, MXFP8Tensor):
+        if _dense_on_cpu(x_TD, w13, w2) and backend != "triton" and mma != "dot_scaled" \
+                and not torch.is_grad_enabled():
+            # held dequantized by a CPU server (MXFP8Tensor.with_dense): the grouped reference's arithmetic
+            # in as few ops, the same sums in the same order (a float64 server's tokens do not change), two
+            # matmuls per expert hit instead of ~10 ops (verifying a draft hits more experts than a decode);
+            # taken before the Triton interpreter too, which a test session may have switched on
+            return moe_grouped_cpu(x_TD, topk_ids_TK, topk_weights_TK, w13.dense, w2.dense)
         if use_triton(x_TD.device, backend):
             from kernels.moe_triton import fused_moe_mxfp8
             return fused_moe_mxfp8(x_TD, topk_ids_TK, topk_weights_TK, w13, w2, mma=mma)
-        if _dense_on_cpu(x_TD, w13, w2) and mma != "dot_scaled" and not torch.is_grad_enabled():
-            # held dequantized (MXFP8Tensor.with_dense): the grouped reference's arithmetic in as few ops,
-            # the same sums in the same order (a float64 server's tokens do not change), two matmuls
-            # per expert hit instead of ~10 ops: verifying a draft hits more experts than a decode
-            return moe_grouped_cpu(x_TD, topk_ids_TK, topk_weights_TK, w13.dense, w2.dense)
         return moe_reference(x_TD, topk_ids_TK, topk_weights_TK, w13, w2, act_mxfp8=mma == "dot_scaled")
     if backend == "triton":
         raise ValueError("the Triton MoE path takes MXFP8 weights: pass MXFP8Tensor.quantize(w)")

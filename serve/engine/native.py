@@ -326,7 +326,12 @@ class NativeEngine(Engine):
             self._swap_weights(self._reload)
             return
         if self.spec is not None:
-            self.spec.plan(self.scheduler.running)
+            try:
+                self.spec.plan(self.scheduler.running)
+            except Exception:  # noqa: BLE001 - drafting is an optimisation: never a reason to fail requests
+                log.exception("drafting failed: this step verifies no draft")
+                for seq in self.scheduler.running:
+                    seq.draft = []
         batch = self.scheduler.schedule()
         for seq, e in self.scheduler.take_failed():
             self._fail([seq], e)
@@ -458,7 +463,12 @@ class NativeEngine(Engine):
             self.spec.cost.observe(sum(n for _, n in batch), time.perf_counter() - start + self.spec.plan_s)
         out: list[tuple[Sequence, object]] = []
         for seq, seq_picks in zip(sampled, picks, strict=True):
-            out += self._emit_picks(seq, seq_picks)
+            try:
+                out += self._emit_picks(seq, seq_picks)
+            except Exception as e:  # noqa: BLE001 - that request fails alone; the others' tokens still go out
+                log.exception("handling a sequence's new tokens failed")
+                self._finish(seq)
+                out += [(seq, e), (seq, DONE)]
         self._emit_many(out)
 
     def _emit_picks(self, seq: Sequence, picks: list) -> list[tuple[Sequence, object]]:
@@ -499,7 +509,11 @@ class NativeEngine(Engine):
 
     def _finish(self, seq: Sequence) -> None:
         if self.spec is not None and seq.spec is not None:
-            self.spec.finished(seq)
+            try:
+                self.spec.finished(seq)
+            except Exception:  # noqa: BLE001 - a drafting cache's trouble must not keep a request from ending
+                log.exception("adding a finished sequence to the draft cache failed")
+                seq.spec = None
         seq.draft = []
         self.scheduler.finish(seq)
         self.runner.forget(seq)
