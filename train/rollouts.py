@@ -126,7 +126,12 @@ class Rollouts:
                 continue
             ep = run_episode(task, g, self.rollout, self.reward_fn, keep_dir=self.out / "trajectories" / f"batch-{k}",
                              spec_hash=self.spec_hash, variation_key=f"{task.id}/{k}-{g}-{i}")  # as train/distributed/worker.py
-            self._add(k, ep)
+            self._add(self._key(k, g), ep)
+
+    @staticmethod
+    def _key(batch: int, group: int) -> int:
+        """What a finished episode is filed under: its batch here, its group in FirstGroups."""
+        return batch
 
     def _add(self, k: int, ep: Episode) -> None:
         """A finished episode of batch k; the batch's last one stamps its end."""
@@ -211,15 +216,9 @@ class FirstGroups(Rollouts):
                 self._release(k, max(0, target - self.outstanding))
             k += 1
 
-    def _work(self) -> None:
-        while not self.stop.is_set():
-            try:
-                k, g, i, task = self.jobs.get(timeout=0.5)
-            except queue.Empty:
-                continue
-            ep = run_episode(task, g, self.rollout, self.reward_fn, keep_dir=self.out / "trajectories" / f"batch-{k}",
-                             spec_hash=self.spec_hash, variation_key=f"{task.id}/{k}-{g}-{i}")  # as train/distributed/worker.py
-            self._add(g, ep)
+    @staticmethod
+    def _key(batch: int, group: int) -> int:
+        return group
 
     def _add(self, group: int, ep: Episode) -> None:
         with self.cond:

@@ -449,8 +449,9 @@ class NativeEngine(Engine):
         if not sampled:
             return
         if verifying:
-            per_seq = (_split(rows, sampled) if rows is not None
-                       else sample_verify(logits, sampled))  # host sampling: grammars mask each row
+            if rows is None:  # host sampling: grammars mask each row
+                rows = sample_verify(logits, sampled)
+            per_seq = _split(rows, sampled)
             picks = [walk(seq, r) for seq, r in zip(sampled, per_seq, strict=True)]
         else:
             if rows is not None:

@@ -111,12 +111,15 @@ class RowParams:
     draws_B: torch.Tensor  # int64
 
     @staticmethod
-    def of(params: list[SamplingParams], streams: list[SeedStream], device: torch.device) -> RowParams:
+    def of(params: list[SamplingParams], streams: list[SeedStream], device: torch.device,
+           draws: list[int] | None = None) -> RowParams:
+        """`draws`: each row's draw number, where not its stream's next (a verified draft's later rows)."""
         return RowParams(torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
                          torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device),
                          torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
                          torch.tensor([s.halves for s in streams], dtype=torch.int64, device=device).view(-1, 2),
-                         torch.tensor([s.draws for s in streams], dtype=torch.int64, device=device))
+                         torch.tensor(draws if draws is not None else [s.draws for s in streams], dtype=torch.int64,
+                                      device=device))
 
 
 def needs_filter(params: list[SamplingParams]) -> bool:

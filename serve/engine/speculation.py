@@ -201,38 +201,25 @@ def walk(seq: Sequence, rows: list[list[float]]) -> list[Pick | Exception]:
     return out
 
 
-def sample_verify(logits_RV: torch.Tensor, seqs: list[Sequence]) -> list[list[list[float]]]:
+def sample_verify(logits_RV: torch.Tensor, seqs: list[Sequence]) -> list[list[float]]:
     """Host-side sampling of a step whose sequences carry drafts (logits: each sequence's 1 + len(draft)
-    rows in order): per sequence its rows' `pack_picks` rows. Row i draws the noise of draw number
+    rows in order): every row's `pack_picks` row, in the same order. Row i draws the noise of draw number
     `draws + i` and, with a grammar, is masked as the grammar stands after the draft's first i tokens."""
     logits_RV = logits_RV.float()
-    params, draws, counts = [], [], []
+    params, streams, draws = [], [], []
     for seq in seqs:
         n = 1 + len(seq.draft)
-        counts.append(n)
         params += [seq.params] * n
+        streams += [seq.generator] * n
         draws += [seq.generator.draws + i for i in range(n)]
     allowed_RV = logits_RV
     if any(s.matcher is not None for s in seqs):
         allowed_RV = _masked(logits_RV, seqs)
     sampled = any(p.temperature >= GREEDY_BELOW for p in params)
-    rows = None
-    if sampled:
-        dev = logits_RV.device
-        rows = RowParams(torch.tensor([p.temperature for p in params], dtype=torch.float32, device=dev),
-                         torch.tensor([p.top_k for p in params], dtype=torch.int64, device=dev),
-                         torch.tensor([p.top_p for p in params], dtype=torch.float32, device=dev),
-                         torch.tensor([s.generator.halves for s in seqs for _ in range(1 + len(s.draft))],
-                                      dtype=torch.int64, device=dev).view(-1, 2),
-                         torch.tensor(draws, dtype=torch.int64, device=dev))
+    rows = RowParams.of(params, streams, logits_RV.device, draws) if sampled else None
     top_n = max((p.top_logprobs for p in params if p.logprobs), default=0)
-    picks = pack_picks(*sample_rows(logits_RV, allowed_RV, rows, sampled=sampled, filtered=needs_filter(params),
-                                    top_n=top_n, logprobs=any(p.logprobs for p in params))).tolist()
-    out, r = [], 0
-    for n in counts:
-        out.append(picks[r : r + n])
-        r += n
-    return out
+    return pack_picks(*sample_rows(logits_RV, allowed_RV, rows, sampled=sampled, filtered=needs_filter(params),
+                                   top_n=top_n, logprobs=any(p.logprobs for p in params))).tolist()
 
 
 def _masked(logits_RV: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
