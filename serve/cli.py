@@ -43,6 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "every CPU, for small models such as the built-in one, which asks for it)")
     p.add_argument("--quant", choices=["auto", "none", "mxfp8"], default="auto",
                    help="expert weights (auto: mxfp8 on GPU, none on CPU; checkpoints stored in MXFP8 load as is)")
+    p.add_argument("--quant-dense", choices=["none", "fp8"], default="none",
+                   help="attention projections and LM head: none (default) or fp8 (block FP8 e4m3 weights, "
+                        "128x128 scales, a W8A16 kernel on a GPU; a CPU serves the FP8-rounded values)")
     p.add_argument("--served-model-name", help="name clients use (default: --model as given)")
     p.add_argument("--api-key", action="append", help="require this Bearer key on /v1 requests (and, off loopback, "
                    "allow POST /v1/load_weights at all); /health, /metrics and /openapi.json stay open. Repeat it "
@@ -120,6 +123,8 @@ def _main(argv: list[str] | None = None) -> int:
         parser.error(str(e).replace("num_speculative_tokens", "--num-speculative-tokens"))
     if spec.on and args.engine == "hf":
         parser.error("--speculative needs the native engine (or vllm); the hf engine is the plain reference")
+    if args.quant_dense != "none" and args.engine != "native":
+        parser.error("--quant-dense needs the native engine (vLLM reads FP8 checkpoints by itself)")
     if args.model is None:
         args.model = os.environ.get("COMPOSER_BUILTIN_MODEL") or str(BUILTIN_DIR)
         args.served_model_name = args.served_model_name or BUILTIN_NAME
@@ -232,7 +237,8 @@ def _local_engine(args, model_dir: Path):
         return engine, f"engine hf, {engine.device}, weights {engine.weight_bytes() / 2**20:.1f} MiB"
     from serve.engine.native import EngineConfig, NativeEngine
 
-    config = EngineConfig(dtype=args.dtype, quant=args.quant, max_model_len=args.max_model_len,
+    config = EngineConfig(dtype=args.dtype, quant=args.quant, quant_dense=args.quant_dense,
+                          max_model_len=args.max_model_len,
                           max_num_seqs=args.max_num_seqs, max_batched_tokens=args.max_batched_tokens,
                           kv_cache_tokens=args.kv_cache_tokens, prefix_caching=not args.no_prefix_caching,
                           enforce_eager=args.enforce_eager, load_format=args.load_format,

@@ -66,6 +66,11 @@ class EngineConfig:
     """auto: bfloat16 on GPU, float32 on CPU."""
     quant: str = "auto"
     """Expert weights: auto (mxfp8 on GPU, none on CPU), none, or mxfp8."""
+    quant_dense: str = "none"
+    """Attention projections and LM head: none (the model's dtype) or fp8 (block FP8 e4m3, 128x128 scales;
+    serve/model/fp8.py: the Triton W8A16 kernel on a GPU; a CPU serves the FP8-rounded values in the model's
+    dtype). Off by default until measured on a GPU. A block-FP8 checkpoint's dense layers are FP8 either way
+    on a GPU (dequantized on a CPU)."""
     device: str | None = None
     max_model_len: int | None = None
     """Context length; default the checkpoint's max_position_embeddings."""
@@ -115,6 +120,10 @@ class EngineConfig:
                                self.speculative_adaptive)
         if self.quant not in ("auto", "none", "mxfp8"):
             raise ValueError(f"quant must be auto, none or mxfp8, not {self.quant!r}")
+        if self.quant_dense not in ("none", "fp8"):
+            raise ValueError(f"quant_dense must be none or fp8, not {self.quant_dense!r}")
+        if self.quant_dense == "fp8" and self.batch_invariant:
+            raise ValueError("quant_dense fp8 has no batch-invariant path: leave one of them off")
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"load_format must be auto or dummy, not {self.load_format!r}")
         if self.block_size < 1 or self.max_num_seqs < 1 or self.max_batched_tokens < self.block_size:
@@ -157,7 +166,8 @@ class NativeEngine(Engine):
 
             self.model = random_model(model_dir, device=self.device, dtype=self.dtype, quant=self.quant)
         else:
-            self.model = load_model(model_dir, device=self.device, dtype=self.dtype, quant=self.quant)
+            self.model = load_model(model_dir, device=self.device, dtype=self.dtype, quant=self.quant,
+                                    keep_fp8=self._keep_fp8())
         # float64 (served so that greedy output is the same on every CPU) runs torch's paths: the C++
         # kernels accumulate in float32 and take bfloat16 or float32; batch-invariant numerics too
         self.kernels_wanted = (self.device.type == "cpu" and c.cpu_kernels and not c.batch_invariant
@@ -193,11 +203,23 @@ class NativeEngine(Engine):
         if self.config.batch_invariant:
             model.set_batch_invariant()
             return "batch-invariant numerics (float64 sums, torch paths)"
+        dense = ""
+        if self.config.quant_dense == "fp8":
+            from serve.model.fp8 import quantize_dense
+
+            n, err = quantize_dense(model, keep_fp8=self._keep_fp8())
+            dense = (f"{n} dense layers in block FP8" + ("" if self._keep_fp8() else f" values (held in {self.serve_dtype})")
+                     + f", relative RMS error <= {err:.4f}; ")
+            log.info("--quant-dense fp8: %s", dense.rstrip("; "))
         done = model.pack_for_cpu(cpu_kernels=self.cpu_kernels) if self.device.type == "cpu" and self.config.cpu_pack \
             else ""
         if self.device.type == "cpu" and _dequantize_experts(model, self.dtype):
             done += ("; " if done else "") + f"MXFP8 experts also held in {self.serve_dtype}"
-        return done
+        return dense + done if done else dense.rstrip("; ")
+
+    def _keep_fp8(self) -> bool:
+        """FP8 dense layers run as FP8 (serve/model/fp8.py's kernel) on a GPU; a CPU holds their values."""
+        return self.device.type == "cuda" and not self.config.batch_invariant
 
     def _default_kv_tokens(self, per_token: int) -> int:
         if self.device.type == "cuda":
@@ -400,7 +422,8 @@ class NativeEngine(Engine):
                 raise WeightLoadError(f"policy_version must increase: {cmd.version} is not above the current "
                                       f"{self.policy_version}", param="policy_version")
             try:
-                model = load_model(cmd.path, device=self.device, dtype=self.dtype, quant=self.quant)
+                model = load_model(cmd.path, device=self.device, dtype=self.dtype, quant=self.quant,
+                                   keep_fp8=self._keep_fp8())
             except Exception as e:  # noqa: BLE001 - any failure to read it is the caller's checkpoint's
                 raise WeightLoadError(f"cannot load {cmd.path}: {type(e).__name__}: {e}") from None
             self._prepare(model)
