@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 
 from kernels.fp8_block import fp8_linear, fp8_linear_reference, quantize_block_fp8
 from kernels.op_count import OpCounter
@@ -53,3 +54,42 @@ def test_shape_errors(device):
         fp8_linear(torch.randn(2, 64, device=device), data, s, backend="triton")
     with pytest.raises(ValueError, match="scale_inv"):
         fp8_linear(torch.randn(2, 128, device=device), data, s[:, :0], backend="triton")
+
+
+def _decode_ops():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "decode_ops.py"
+    spec = importlib.util.spec_from_file_location("decode_ops", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_fp8_dense_layers_in_the_gpu_decode_step():
+    """--quant-dense fp8 as a GPU runs it (FP8Linear modules, the Triton kernel under the interpreter): the
+    eager forward matches the same model with FP8-rounded plain weights, and the static decode step (the one
+    CUDA graphs capture) runs the FP8 kernel for q/k/v, o and the LM head with no host sync."""
+    from serve.engine.base import SamplingParams
+    from serve.engine.sequence import Sequence
+    from serve.model.fp8 import FP8Linear, quantize_dense
+
+    ops = _decode_ops()
+    cfg = ops.SMALL
+    logits = []
+    for keep in (True, False):
+        model, blocks, runner = ops.build(cfg, "none", 1, "cpu")
+        n, err = quantize_dense(model, keep_fp8=keep)
+        assert n == 2 * cfg["num_hidden_layers"] + 1 and 0.01 < err < 0.05
+        seq = Sequence([5, 9, 100, 7, 3, 44], SamplingParams(max_tokens=4))
+        assert blocks.allocate(seq)
+        logits.append(runner.run([(seq, len(seq))])[1])
+    assert isinstance(model.lm_head, nn.Linear) and not isinstance(model.lm_head, FP8Linear)
+    torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)
+    model, blocks, runner = ops.build(cfg, "mxfp8", 1, "cpu")  # the GPU path: MXFP8 experts too
+    quantize_dense(model, keep_fp8=True)
+    assert isinstance(model.lm_head, FP8Linear) and isinstance(model.layers[0].self_attn.qkv_proj, FP8Linear)
+    seqs = ops.prefill(blocks, runner, 1, cfg["vocab_size"])
+    counter = ops.step("static", blocks, runner, seqs, strict=True)
+    assert counter.launches["fp8_linear"] == 2 * cfg["num_hidden_layers"] + 1 and not counter.syncs
