@@ -27,6 +27,9 @@ Resident rows (masters, AdamW moments, the MXFP8 cache of one process) last betw
 are what a step adds. The total adds them all, an upper bound: the activations are freed as the gradients
 fill in. tests/train/test_memory_plan.py checks the step's part against peaks measured on a CPU (one
 process, and FSDP on two gloo ranks, at a reduced shape): measured within 55-100% of planned.
+
+`colocated_plan` adds an inference engine on the same device (train/colocate.py): its weights always, its
+KV cache during rollouts only (released while the trainer steps, as verl's hybrid engine does).
 """
 
 from __future__ import annotations
@@ -162,6 +165,92 @@ def memory_plan(cfg: ModelConfig, *, world: int = 1, fsdp: bool = False, compute
     per_logit = 3 * 4 + (c if c != 4 else 0)
     plan.rows.append(("LM head and loss", N * width * per_logit + N * cfg.hidden_size * (4 + 2 * c)))
     return plan
+
+
+@dataclass
+class ColocatedPlan:
+    """Trainer and inference engine in one process on one device (train/colocate.py), in two phases:
+    the trainer's step (its plan, plus the engine's weights, which stay; the KV cache is released unless
+    `release_kv` is off) and the rollouts (the trainer's resident rows, its gradients dropped at the
+    hand-over, plus the engine's weights, KV cache and step reserve). Each phase gets the 10% reserve; the
+    device must hold the larger."""
+
+    train: MemoryPlan
+    rollout: list[tuple[str, float]]
+    kv_tokens: int
+    kv_bytes_per_token: int
+    release_kv: bool = True
+    capacity: float | None = None
+
+    @property
+    def rollout_total(self) -> float:
+        return sum(b for _, b in self.rollout) * (1 + RESERVE)
+
+    @property
+    def total(self) -> float:
+        return max(self.train.total, self.rollout_total)
+
+    def as_dict(self) -> dict:
+        return {"per_rank_bytes": round(self.total), "train_bytes": round(self.train.total),
+                "rollout_bytes": round(self.rollout_total), "kv_tokens": self.kv_tokens,
+                "train_rows": {k: round(v) for k, v in self.train.rows},
+                "rollout_rows": {k: round(v) for k, v in self.rollout}, "release_kv": self.release_kv,
+                "capacity_bytes": self.capacity}
+
+    def table(self) -> str:
+        lines = ["colocated memory plan (trainer and engine on one device):", "  trainer's step"
+                 + (" (KV cache released):" if self.release_kv else ":")]
+        lines += ["  " + line for line in self.train.table().splitlines()[1:]]
+        lines.append("  rollouts:")
+        lines += [f"    {name:<38} {b / GIB:9.2f} GiB" for name, b in self.rollout]
+        lines.append(f"    {'allocator reserve (10%)':<38} {self.rollout_total * RESERVE / (1 + RESERVE) / GIB:9.2f} GiB")
+        cap = f" of {self.capacity / GIB:.1f} GiB" if self.capacity else ""
+        lines.append(f"    {'total':<38} {self.rollout_total / GIB:9.2f} GiB{cap}")
+        return "\n".join(lines)
+
+    def check(self, capacity: float | None) -> None:
+        self.capacity = capacity
+        if capacity is not None and self.total > capacity:
+            raise PlanDoesNotFit(self, f"trainer and engine need {self.total / GIB:.1f} GiB together but "
+                                       f"{capacity / GIB:.1f} GiB are there: use a smaller --kv-cache-tokens, "
+                                       "--activation-checkpointing or a smaller --micro-batch-tokens")
+
+
+def engine_weight_bytes(cfg: ModelConfig, serve_bytes: int, mxfp8_experts: bool) -> float:
+    """The inference engine's weights: dense ones in the serving dtype, experts in MXFP8 (1 + 1/32 bytes)
+    or the serving dtype."""
+    n = parameter_counts(cfg)
+    return (n["total"] - n["experts"]) * serve_bytes + n["experts"] * ((1 + 1 / 32) if mxfp8_experts else serve_bytes)
+
+
+def colocated_plan(train: MemoryPlan, cfg: ModelConfig, *, serve_bytes: int, mxfp8_experts: bool,
+                   engine_reserve: float, kv_tokens: int | None = None, release_kv: bool = True,
+                   capacity: float | None = None) -> ColocatedPlan:
+    """`train` (memory_plan's step) with an engine beside it. `kv_tokens` None: what the rollout phase leaves
+    of `capacity` (raises PlanDoesNotFit when that is not one block of 16 tokens)."""
+    per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * serve_bytes
+    weights = ("engine weights" + (" (MXFP8 experts)" if mxfp8_experts else ""),
+               engine_weight_bytes(cfg, serve_bytes, mxfp8_experts))
+    resident = [(k, v) for k, v in train.rows if k in train.resident]
+    fixed = sum(b for _, b in resident) + weights[1] + engine_reserve
+    if kv_tokens is None:
+        if capacity is None:
+            raise ValueError("kv_tokens or capacity is needed")
+        kv_tokens = int((capacity / (1 + RESERVE) - fixed) // per_token)
+        if not release_kv:  # it stays through the trainer's step too
+            kv_tokens = min(kv_tokens, int((capacity / (1 + RESERVE) - train.subtotal - weights[1]) // per_token))
+    plan = MemoryPlan(rows=list(train.rows) + [weights], resident=set(train.resident) | {weights[0]},
+                      world=train.world, fsdp=train.fsdp)
+    kv = (f"engine KV cache ({max(kv_tokens, 0)} tokens)", float(max(kv_tokens, 0) * per_token))
+    if not release_kv:
+        plan.rows.append(kv)
+        plan.resident.add(kv[0])
+    rollout = resident + [weights, kv, ("engine step reserve", float(engine_reserve))]
+    out = ColocatedPlan(plan, rollout, kv_tokens, per_token, release_kv, capacity)
+    if kv_tokens < 16:
+        raise PlanDoesNotFit(out, "the trainer's resident state and the engine's weights leave no room for a KV "
+                                  "cache on this device")
+    return out
 
 
 def capacity_bytes(device: str) -> float:

@@ -12,6 +12,10 @@ Tasks of batch k are a function of (seed, k) alone, so the data position is just
 resumed run sees the same task order. Everything a run writes is under --out: metrics.jsonl (one line
 per step) and metrics.png, episodes.jsonl, trajectories/, policy/ (the weights being served) and
 checkpoints/step-N (serving folder + optimizer/RNG state, what --resume restarts from).
+
+With `colocate` (synchronous runs only) the engine runs in this process on the trainer's device
+(train/colocate.py): its KV cache is freed for each trainer step and the new weights are copied into it in
+memory; policy/ is not written.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -38,6 +42,9 @@ from train.rollouts import FirstGroups, Rollouts
 from train.rollouts import RLConfig as RLConfig  # the run's config and its batches: train/rollouts.py
 from train.server import Server, cpu_share, is_loopback, launch
 from train.trainer import Trainer, TrainerConfig
+
+if TYPE_CHECKING:
+    from train.colocate import ColocateConfig
 
 
 def advantages_for(episodes: list[Episode], version: int, cfg: RLConfig, loss: LossConfig
@@ -91,8 +98,11 @@ def run(model_dir: str | Path, tasks: list[Task], out: str | Path, cfg: RLConfig
         trainer_cfg: TrainerConfig | None = None, loss: LossConfig | None = None,
         reward: RewardConfig | None = None, resume: bool = False, base_url: str | list[str] | None = None,
         api_key: str | None = None, served_name: str = "policy", progress: Progress | None = None,
-        trainer: Trainer | None = None) -> list[dict]:
+        trainer: Trainer | None = None, colocate: ColocateConfig | None = None) -> list[dict]:
     """Run RL; returns the metrics of every step (also in OUT/metrics.jsonl)."""
+    if colocate is not None and (cfg.max_staleness or base_url or cfg.overprovision or cfg.backend != "threads"):
+        raise ValueError("colocated training is synchronous, on this machine: --max-staleness 0, no --base-url, "
+                         "no --overprovision, the threads backend")
     heldout = [t.id for t in tasks if t.split == "heldout"]
     if heldout:
         raise ValueError(f"{len(heldout)} held-out tasks (e.g. {heldout[0]}) are in the training set: "
@@ -115,13 +125,18 @@ def run(model_dir: str | Path, tasks: list[Task], out: str | Path, cfg: RLConfig
     else:
         for stale in ("metrics.jsonl", "episodes.jsonl"):
             (out / stale).unlink(missing_ok=True)
-        if trainer.config.mxfp8_experts and read_policy(model_dir).get("experts") != "mxfp8":
+        if colocate is None and trainer.config.mxfp8_experts and read_policy(model_dir).get("experts") != "mxfp8":
             # Serve exactly what the trainer computes from step 0 on: the experts in MXFP8.
             serve_from = trainer.save(out / "policy" / f"v{trainer.policy_version}", resumable=False)
     urls = [base_url] if isinstance(base_url, str) else list(base_url or [])
     # async RL samples while it trains: on CPU, a sampler on this machine and the trainer take half the cores each
     share = cpu_share() if cfg.max_staleness > 0 and trainer.device.type == "cpu" else None
-    if len(urls) > 1:  # several inference servers: each episode sticks to one, every one gets the weights
+    colo = None
+    if colocate is not None:  # the engine in this process, on the trainer's device, given its weights in memory
+        from train.colocate import Colocated
+
+        server = colo = Colocated(model_dir, trainer, colocate, name=served_name)
+    elif len(urls) > 1:  # several inference servers: each episode sticks to one, every one gets the weights
         from train.distributed.pool import ServerPool
 
         server = ServerPool.from_urls(urls, served_name, api_key)
@@ -165,18 +180,24 @@ def run(model_dir: str | Path, tasks: list[Task], out: str | Path, cfg: RLConfig
             m: dict[str, Any] = {"step": step, "policy_version": trainer.policy_version}
             m |= _episode_metrics(episodes, trainer.policy_version) | counts | getattr(rollouts, "last_counts", {})
             if samples:
+                if colo is not None:
+                    m |= colo.sleep()
                 m |= trainer.step(samples, advs)
             else:  # nothing usable: keep versions moving so the staleness gate cannot deadlock
                 trainer.policy_version += 1
                 trainer.step_count += 1
             t_sync = time.monotonic()
-            policy_dir = out / "policy" / f"v{trainer.policy_version}"
-            trainer.save(policy_dir, resumable=False)
-            server.load_weights(policy_dir, trainer.policy_version)
+            if colo is not None:
+                handed = colo.hand_over()
+                m |= {"hand_over_s": handed["hand_over_s"], "hand_over_bytes": handed["bytes"]} | colo.wake()
+            else:
+                policy_dir = out / "policy" / f"v{trainer.policy_version}"
+                trainer.save(policy_dir, resumable=False)
+                server.load_weights(policy_dir, trainer.policy_version)
+                for old in (out / "policy").glob("v*"):
+                    if old != policy_dir:
+                        shutil.rmtree(old, ignore_errors=True)
             rollouts.set_version(trainer.policy_version)
-            for old in (out / "policy").glob("v*"):
-                if old != policy_dir:
-                    shutil.rmtree(old, ignore_errors=True)
             m |= {"sync_s": round(time.monotonic() - t_sync, 3), "wait_s": round(wait_s, 3),
                   "rollout_s": round(rollout_s, 3)}
             if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:

@@ -16,6 +16,14 @@ with the requests: sequences accepted before one finish on the old weights (or a
 after it are held until the new weights are in. The swap happens only with no sequence left, so one
 sequence never sees two sets of weights, and each is stamped with the policy version it runs on.
 
+In-process training (train/colocate.py: trainer and engine in one process on one device) uses three more
+commands of the same kind, run on the engine thread once no sequence is left (`call_idle`):
+`update_weights_in_place` (the caller copies new weights into the engine's own tensors, so CUDA graphs
+captured on them stay valid; the prefix cache is emptied and the version set), and `release_kv_cache` /
+`restore_kv_cache` (the KV cache's storage freed while the trainer steps, requests held meanwhile; the
+same tensor objects get their memory back, zeroed; the graphs are dropped for recapture only if the
+memory came back at other addresses).
+
 Decode steps on a GPU (every scheduled sequence computing its next token) take the static step of
 serve/engine/static_decode.py: persistent buffers, one forward and sampling on the device, replayed from
 CUDA graphs, one transfer each way. Steps with prefill chunks take ModelRunner.run (torch SDPA over
@@ -31,7 +39,8 @@ import os
 import queue
 import threading
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -131,6 +140,15 @@ class EngineConfig:
                              "(and max_batched_tokens >= block_size)")
 
 
+@dataclass
+class IdleCall:
+    """Work for the engine thread once no sequence is in flight (held like a weight load); the result, or
+    the exception, comes back through `future`."""
+
+    fn: Callable[[], object]
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+
+
 class NativeEngine(Engine):
     name = "native"
 
@@ -146,6 +164,8 @@ class NativeEngine(Engine):
         self._inbox: queue.Queue = queue.Queue()
         self._reload: Reload | None = None  # the load waiting for the running sequences to finish
         self._held: list = []  # what came into the inbox after it: handled once the new weights are in
+        self.kv_released = False  # release_kv_cache: requests wait in _held until restore_kv_cache
+        self._kv_ptrs: list[int] = []
         self._load_lock = asyncio.Lock()  # one load at a time, so versions are checked against the latest
         self._stop = threading.Event()
         self._closed = False  # set by the engine thread as it ends; nothing enters the inbox after
@@ -345,7 +365,10 @@ class NativeEngine(Engine):
             self.runner.forget(seq)
             self._emit(seq, DONE)
         if self._reload is not None and not self.scheduler.has_work():
-            self._swap_weights(self._reload)
+            if isinstance(self._reload, IdleCall):
+                self._run_idle(self._reload)
+            else:
+                self._swap_weights(self._reload)
             return
         if self.spec is not None:
             try:
@@ -371,6 +394,8 @@ class NativeEngine(Engine):
         seqs = self.scheduler.drop_all() + [x for x in pending if isinstance(x, Sequence)]
         self._fail(seqs, EngineStopped())
         for cmd in pending:
+            if isinstance(cmd, IdleCall):
+                cmd.future.set_exception(EngineStopped())
             if isinstance(cmd, Reload):
                 cmd.future.set_exception(WeightLoadError("the engine stopped before loading the weights", param=None))
 
@@ -395,8 +420,10 @@ class NativeEngine(Engine):
     def _accept(self, item: Sequence | Reload | None) -> None:
         if item is None:  # a wake-up
             return
-        if self._reload is not None:
+        if self._reload is not None or (self.kv_released and isinstance(item, Sequence)):
             self._held.append(item)
+        elif isinstance(item, IdleCall):
+            self._reload = item
         elif isinstance(item, Reload):
             self._reload = item
             if item.abort:
@@ -444,6 +471,88 @@ class NativeEngine(Engine):
             held, self._held = self._held, []
             for item in held:
                 self._accept(item)
+
+    # -- in-process training (train/colocate.py) --------------------------------------------------------
+
+    def call_idle(self, fn: Callable[[], object], timeout: float | None = None):
+        """fn() on the engine thread once no sequence is in flight (requests that come meanwhile wait);
+        returns its result or raises its exception. From any thread but the engine's own."""
+        cmd = IdleCall(fn)
+        self._submit(cmd)
+        return cmd.future.result(timeout)
+
+    def _run_idle(self, cmd: IdleCall) -> None:
+        try:
+            cmd.future.set_result(cmd.fn())
+        except Exception as e:  # noqa: BLE001 - the caller's to handle; the engine serves on
+            cmd.future.set_exception(e)
+        finally:
+            self._reload = None
+            held, self._held = self._held, []
+            for item in held:
+                self._accept(item)
+
+    def update_weights_in_place(self, copy: Callable[[object], object], version: int):
+        """Run copy(model) on the engine thread with no sequence in flight: it writes new weights into the
+        model's existing tensors (train/colocate.py copy_weights_), so every storage a CUDA graph or the CPU
+        decode plan holds stays where it is. Then the prefix cache is emptied (its K/V came from the old
+        weights) and `version` is served. Returns copy's result."""
+
+        def do():
+            if version < self.policy_version:
+                raise WeightLoadError(f"policy_version must not go back: {version} < {self.policy_version}",
+                                      param="policy_version")
+            out = copy(self.model)
+            self.model._decode_plan_for = None  # its float32 copies of the norms (bf16 models) are regathered
+            self.blocks.reset_prefix_cache()
+            self.policy_version = version
+            return out
+
+        return self.call_idle(do)
+
+    def kv_tensors(self) -> list[torch.Tensor]:
+        return [t for pair in self.runner.kv for t in pair]
+
+    def release_kv_cache(self) -> int:
+        """Free the KV cache's memory (the tensors stay, with empty storage) until restore_kv_cache; requests
+        that come meanwhile wait. The prefix cache is emptied. Returns the bytes freed."""
+
+        def do() -> int:
+            if self.kv_released:
+                return 0
+            self.blocks.reset_prefix_cache()
+            kv = self.kv_tensors()
+            self._kv_ptrs = [t.data_ptr() for t in kv]
+            freed = sum(t.untyped_storage().nbytes() for t in kv)
+            for t in kv:
+                t.untyped_storage().resize_(0)
+            self.kv_released = True
+            return freed
+
+        return self.call_idle(do)
+
+    def restore_kv_cache(self) -> dict:
+        """Give the KV cache its memory back (zeroed: a masked padding row must not read NaN) and let held
+        requests in. Where the memory came back at other addresses, the CUDA graphs that wrote the old ones
+        are dropped (recaptured at their first step). Returns {"bytes", "moved"}."""
+
+        def do() -> dict:
+            if not self.kv_released:
+                return {"bytes": 0, "moved": False}
+            kv = self.kv_tensors()
+            total = 0
+            for t in kv:
+                n = t.numel() * t.element_size()
+                t.untyped_storage().resize_(n)
+                t.zero_()
+                total += n
+            moved = [t.data_ptr() for t in kv] != self._kv_ptrs
+            if moved and self.runner.static is not None:
+                self.runner.static.set_model(self.model)  # drops the graphs captured on the old addresses
+            self.kv_released = False
+            return {"bytes": total, "moved": moved}
+
+        return self.call_idle(do)
 
     def _step(self, batch: list[tuple[Sequence, int]]) -> None:
         verifying = any(seq.draft for seq, _ in batch)

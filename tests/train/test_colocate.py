@@ -1,0 +1,223 @@
+"""Colocated RL (train/colocate.py): the native engine and the trainer in one process, the new weights
+copied into the engine's own tensors after each step, its KV cache freed while the trainer steps.
+
+Real pieces throughout: the tiny checkpoint, the real trainer step, the engine's real OpenAI API on a
+loopback port, the real agent loop and tools for rollouts, and the disk path (a saved checkpoint loaded
+by a second engine) as the reference the in-memory hand-over must equal bit for bit."""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import replace
+
+import httpx
+import pytest
+import torch
+
+from agent.tasks import load_tasks
+from kernels import MXFP8Tensor, cpu_pack
+from serve.engine.native import EngineConfig, NativeEngine
+from serve.engine.parity import forced_logits
+from serve.model.config import QWEN3_30B_A3B, ModelConfig
+from serve.model.loader import load_model
+from serve.model.qwen3_moe import Qwen3MoeModel
+from train.colocate import ColocateConfig, Colocated, copy_weights_
+from train.memory_plan import GIB, PlanDoesNotFit, colocated_plan, memory_plan
+from train.progress import Progress
+from train.rl import RLConfig, run
+from train.samples import Sample
+from train.trainer import Trainer, TrainerConfig
+
+IDS = [(i * 37) % 900 + 40 for i in range(40)]
+SPLIT = 30
+
+
+def engine_tensors(model) -> dict[str, torch.Tensor]:
+    """Every tensor the engine computes with, by name (MXFP8 experts as data, scales and dense copy)."""
+    out = {n: p for n, p in model.named_parameters()}
+    for i, moe in enumerate(model.moe_layers()):
+        for name in ("w13", "w2"):
+            w = getattr(moe, name)
+            if isinstance(w, MXFP8Tensor):
+                out |= {f"{i}.{name}.data": w.data, f"{i}.{name}.scales": w.scales.view(torch.uint8)}
+                if w.dense is not None:
+                    out[f"{i}.{name}.dense"] = w.dense
+            else:
+                out[f"{i}.{name}"] = w
+    return out
+
+
+def engine_logprobs(engine: NativeEngine) -> torch.Tensor:
+    """The engine's log-prob of IDS[SPLIT:], one prefill then decode steps, on its own thread."""
+    logits = engine.call_idle(lambda: forced_logits(engine, IDS, SPLIT))
+    return torch.log_softmax(logits[:-1].double(), -1).gather(-1, torch.tensor(IDS[SPLIT:])[:, None])[:, 0]
+
+
+def trainer_logprobs(trainer: Trainer, full: bool = False) -> torch.Tensor:
+    """The trainer's log-prob of IDS[SPLIT:] (with `full`, of IDS[1:])."""
+    sample = Sample("e", 0, token_ids=list(IDS), mask=[1] * len(IDS), sampler_logprobs=[0.0] * len(IDS))
+    lp = trainer.logprobs([sample])[0].double()
+    return lp if full else lp[SPLIT - 1:]
+
+
+def step_on(trainer: Trainer) -> dict:
+    """One real RL step on a made-up sample: its last tokens, sampled by the current weights, reinforced."""
+    lp = [0.0] + trainer_logprobs(trainer, full=True).tolist()
+    sample = Sample("e", 0, token_ids=list(IDS), mask=[0] * SPLIT + [1] * (len(IDS) - SPLIT),
+                    sampler_logprobs=[x if i >= SPLIT else 0.0 for i, x in enumerate(lp)],
+                    versions=[trainer.policy_version])
+    out = trainer.step([sample], [1.0])
+    assert out["grad_norm"] > 0
+    return out
+
+
+def test_hand_over_in_memory_equals_the_disk_path(tiny, tmp_path):
+    trainer = Trainer(tiny, TrainerConfig(lr=1e-2))
+    colo = Colocated(tiny, trainer, ColocateConfig(kv_cache_tokens=1024, max_num_seqs=4, max_model_len=1024))
+    try:
+        engine = colo.engine
+        # served from the start: the trainer's weights (the engine was made with random ones)
+        assert engine.policy_version == trainer.policy_version
+        before = engine_logprobs(engine)
+        assert (before - trainer_logprobs(trainer)).abs().max() < 1e-4
+        ptrs = {n: t.data_ptr() for n, t in engine_tensors(engine.model).items()}
+        kv = engine.kv_tensors()
+        kv_ids, kv_bytes = [id(t) for t in kv], sum(t.untyped_storage().nbytes() for t in kv)
+        assert kv_bytes > 0
+
+        slept = colo.sleep()
+        assert slept["kv_freed_bytes"] == kv_bytes
+        assert all(t.untyped_storage().nbytes() == 0 for t in engine.kv_tensors())  # the memory is gone
+        step_on(trainer)
+        handed = colo.hand_over()
+        woke = colo.wake()
+        assert woke["kv_restored_bytes"] == kv_bytes and [id(t) for t in engine.kv_tensors()] == kv_ids
+        assert sum(t.untyped_storage().nbytes() for t in engine.kv_tensors()) == kv_bytes
+
+        assert handed["policy_version"] == engine.policy_version == 1 and handed["experts_quantized"] == 4
+        assert {n: t.data_ptr() for n, t in engine_tensors(engine.model).items()} == ptrs  # nothing reallocated
+        after = engine_logprobs(engine)
+        assert (after - before).abs().max() > 1e-3  # the engine's outputs changed ...
+        assert (after - trainer_logprobs(trainer)).abs().max() < 1e-4  # ... to the trainer's at its new weights
+
+        # the disk path's engine, from the checkpoint the trainer writes: the same tensors, bit for bit
+        saved = trainer.save(tmp_path / "v1", resumable=False)
+        disk = NativeEngine(str(saved), EngineConfig(dtype="float32", quant="mxfp8", kv_cache_tokens=1024,
+                                                     max_model_len=1024, max_num_seqs=4))
+        try:
+            ours, theirs = engine_tensors(engine.model), engine_tensors(disk.model)
+            assert ours.keys() == theirs.keys()
+            for name, t in ours.items():
+                assert torch.equal(t, theirs[name]), name
+            assert torch.equal(engine_logprobs(disk), after)
+        finally:
+            disk._stop.set()
+
+        # through the API: the completion reports the new version
+        r = httpx.post(colo.base_url + "/completions", json={"model": "policy", "prompt": "def f():", "max_tokens": 4},
+                       headers={"Authorization": f"Bearer {colo.api_key}"}, timeout=60)
+        assert r.status_code == 200 and r.json()["policy_version"] == 1
+    finally:
+        colo.stop()
+
+
+def test_requests_wait_while_the_kv_cache_is_released(tiny):
+    trainer = Trainer(tiny, TrainerConfig())
+    colo = Colocated(tiny, trainer, ColocateConfig(kv_cache_tokens=1024, max_num_seqs=4, max_model_len=1024))
+    try:
+        colo.sleep()
+        got = {}
+        t = threading.Thread(target=lambda: got.setdefault("r", httpx.post(
+            colo.base_url + "/completions", json={"model": "policy", "prompt": "x = 1", "max_tokens": 3},
+            headers={"Authorization": f"Bearer {colo.api_key}"}, timeout=60)))
+        t.start()
+        t.join(1.0)
+        assert t.is_alive() and "r" not in got  # held: no KV cache to run it in
+        colo.wake()
+        t.join(30)
+        assert got["r"].status_code == 200 and len(got["r"].json()["choices"][0]["text"]) >= 0
+    finally:
+        colo.stop()
+
+
+def test_copy_into_fused_packed_and_plain_layouts(tiny, tmp_path):
+    """Every layout an engine can hold on a CPU: q/k/v fused, every linear layer oneDNN-packed, experts
+    plain and stored input-major (what pack_for_cpu does without the C++ kernels), bfloat16 serving."""
+    if not cpu_pack.available(torch.float32):
+        pytest.skip("no oneDNN packing in this torch build")
+    trainer = Trainer(tiny, TrainerConfig(lr=1e-2, mxfp8_experts=False))
+    step_on(trainer)
+    saved = trainer.save(tmp_path / "v1", resumable=False)
+
+    def packed(path):
+        m = load_model(path, dtype=torch.float32, quant="none")
+        m.pack_for_cpu(min_linear_elements=1)
+        return m
+
+    dst, ref = packed(tiny), packed(saved)
+    assert isinstance(dst.layers[0].self_attn.qkv_proj, cpu_pack.PackedLinear)
+    assert not dst.moe_layers()[0].w13.is_contiguous()  # input-major
+    copy_weights_(dst, trainer.model)
+    for (name, a), b in zip(dst.state_dict().items(), ref.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    for mod, rmod in zip(dst.modules(), ref.modules(), strict=True):
+        if isinstance(mod, cpu_pack.PackedLinear):
+            x = torch.randn(3, mod.in_features)
+            assert torch.equal(mod(x), rmod(x))
+    for moe, rmoe in zip(dst.moe_layers(), ref.moe_layers(), strict=True):
+        assert torch.equal(moe.w13, rmoe.w13) and torch.equal(moe.w2, rmoe.w2)
+    one_layer = Qwen3MoeModel(replace(ModelConfig.from_dir(tiny), num_hidden_layers=1))
+    with pytest.raises(ValueError, match="different shapes"):
+        copy_weights_(dst, one_layer)
+
+
+def test_colocated_rl_steps(tiny, tmp_path):
+    """Two synchronous steps of `run` with the engine in this process: real rollouts through the agent loop
+    and its tools, the weights handed over in memory (no policy/ folder), step 1 sampled by version 1."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(
+        {"id": f"coin-{i}", "workspace": "ws", "prompt": f"fix calc.py ({i})", "verify": "test $((RANDOM % 2)) -eq 0",
+         "max_turns": 1}) + "\n" for i in range(2)))
+    out = tmp_path / "run"
+    cfg = RLConfig(steps=2, group_size=2, groups_per_step=1, workers=2, max_staleness=0, save_every=2,
+                   max_output_tokens=8)
+    hist = run(tiny, load_tasks(tmp_path / "tasks.jsonl"), out, cfg, trainer_cfg=TrainerConfig(lr=1e-2),
+               progress=Progress(2, out=open("/dev/null", "w")),  # noqa: SIM115
+               colocate=ColocateConfig(kv_cache_tokens=16384, max_num_seqs=8, max_model_len=8192))
+    assert [m["policy_version"] for m in hist] == [0, 1]
+    for m in hist:
+        assert m["infra_masked"] == 0 and m["completion_tokens"] > 0
+        assert m["logprob_gap_max"] <= 1e-4  # sampled by the engine at exactly the trainer's weights
+        assert m["hand_over_s"] > 0 and m["hand_over_bytes"] > 0
+        assert m["kv_freed_bytes"] > 0 and m["kv_restored_bytes"] == m["kv_freed_bytes"]
+    eps = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+    assert {e["min_version"] for e in eps if e["step"] == 1} == {1}
+    assert not (out / "policy").exists() and (out / "checkpoints" / "step-2").is_dir()
+    with pytest.raises(ValueError, match="synchronous"):
+        run(tiny, [], out, RLConfig(max_staleness=1), colocate=ColocateConfig())
+
+
+def test_colocated_memory_plan_at_the_30b_shape(tmp_path):
+    """8 layers of Qwen3-30B-A3B (5.6 B parameters): on an H200 (141 GiB) the KV cache gets what the
+    rollouts leave and is not counted in the trainer's step unless kept; an 80 GiB GPU cannot hold the
+    trainer's fp32 masters, gradients and AdamW moments (16 bytes a parameter) beside the engine."""
+    (tmp_path / "config.json").write_text(json.dumps({**QWEN3_30B_A3B, "num_hidden_layers": 8}))
+    cfg = ModelConfig.from_dir(tmp_path)
+    train = memory_plan(cfg, micro_batch_tokens=4096)
+    reserve = 64 * cfg.vocab_size * 48 + 2**30
+    plan = colocated_plan(train, cfg, serve_bytes=2, mxfp8_experts=True, engine_reserve=reserve, capacity=141 * GIB)
+    plan.check(141 * GIB)
+    assert plan.rollout_total <= 141 * GIB < plan.rollout_total + 2 * plan.kv_bytes_per_token * 1.1
+    assert plan.kv_bytes_per_token == 2 * 8 * 4 * 128 * 2 and plan.kv_tokens > 100_000
+    assert not any("KV" in name for name, _ in plan.train.rows)  # released while the trainer steps
+    assert plan.train.total < 141 * GIB < plan.train.total + plan.kv_tokens * plan.kv_bytes_per_token
+    assert "engine weights (MXFP8 experts)" in plan.table() and "rollouts:" in plan.table()
+    kept = colocated_plan(train, cfg, serve_bytes=2, mxfp8_experts=True, engine_reserve=reserve, release_kv=False,
+                          capacity=141 * GIB)
+    assert kept.kv_tokens < plan.kv_tokens and any("KV" in name for name, _ in kept.train.rows)
+    kept.check(141 * GIB)
+    with pytest.raises(PlanDoesNotFit, match="no room for a KV"):
+        colocated_plan(train, cfg, serve_bytes=2, mxfp8_experts=True, engine_reserve=reserve, capacity=80 * GIB)
