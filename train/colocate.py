@@ -12,7 +12,7 @@ turns of one synchronous step (`--max-staleness 0`) are:
 4. `hand_over`: the trainer's gradients are dropped (they are rebuilt by the next step) and every
    weight is copied into the engine's existing tensors (`copy_weights_`): dense weights cast to the
    serving dtype, q/k/v into the fused projection where the engine fused them, oneDNN-packed layers
-   repacked and copied into their packed storage, MXFP8 experts quantized on the device (the same rule
+   repacked and copied into their packed storage, block-FP8 layers quantized into theirs, MXFP8 experts quantized on the device (the same rule
    as a saved checkpoint's) into the engine's data and scale buffers, and their dense CPU copies and
    blocked CPU layouts rewritten. Nothing is reallocated, so CUDA graphs captured on those storages
    stay valid. The prefix cache is emptied and the engine serves the new policy version;
@@ -42,8 +42,10 @@ import torch
 from torch import nn
 
 from kernels import MXFP8Tensor, cpu_pack
+from kernels.fp8_block import quantize_block_fp8
 from kernels.moe import block_experts
 from kernels.mxfp8 import dequantize_mxfp8_reference, quantize_mxfp8
+from serve.model.fp8 import FP8Linear
 from serve.model.qwen3_moe import DenseMLP, Qwen3MoeModel, SparseMoE
 
 if TYPE_CHECKING:
@@ -99,6 +101,10 @@ def _linear(dst: nn.Module, w: torch.Tensor, b: torch.Tensor | None, n: _Count) 
             raise ValueError(f"packed weight {tuple(new.shape)} does not fit the engine's {tuple(dst.packed.shape)}")
         dst.packed.copy_(new)
         n.wrote(dst.packed)
+    elif isinstance(dst, FP8Linear):  # block FP8 (--quant-dense fp8 on a GPU): quantized anew into its buffers
+        data, scale_inv = quantize_block_fp8(w.detach(), dst.block)
+        _tensor(dst.weight, data, n)
+        _tensor(dst.weight_scale_inv, scale_inv.float(), n)
     elif isinstance(dst, nn.Linear):
         _tensor(dst.weight, w, n)
     else:

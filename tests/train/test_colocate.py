@@ -20,6 +20,7 @@ from kernels import MXFP8Tensor, cpu_pack
 from serve.engine.native import EngineConfig, NativeEngine
 from serve.engine.parity import forced_logits
 from serve.model.config import QWEN3_30B_A3B, ModelConfig
+from serve.model.fp8 import FP8Linear
 from serve.model.loader import load_model
 from serve.model.qwen3_moe import Qwen3MoeModel
 from train.colocate import ColocateConfig, Colocated, copy_weights_
@@ -156,6 +157,9 @@ def test_copy_into_fused_packed_and_plain_layouts(tiny, tmp_path):
         return m
 
     dst, ref = packed(tiny), packed(saved)
+    for m in (dst, ref):  # one block-FP8 layer too (--quant-dense fp8 on a GPU)
+        m.layers[1].self_attn.o_proj = FP8Linear.from_linear(load_model(tiny, dtype=torch.float32).layers[1].self_attn.o_proj)
+    ref.layers[1].self_attn.o_proj = FP8Linear.from_linear(load_model(saved, dtype=torch.float32).layers[1].self_attn.o_proj)
     assert isinstance(dst.layers[0].self_attn.qkv_proj, cpu_pack.PackedLinear)
     assert not dst.moe_layers()[0].w13.is_contiguous()  # input-major
     copy_weights_(dst, trainer.model)
