@@ -33,8 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     rl.add_argument("--steps", type=int, default=10)
     rl.add_argument("--group-size", type=int, default=4, help="episodes per task per step (default 4)")
     rl.add_argument("--groups-per-step", type=int, default=2, help="tasks per step (default 2)")
-    rl.add_argument("--max-staleness", type=int, default=1,
-                    help="use an episode at step s only if s - its policy version <= this (0 = synchronous)")
+    rl.add_argument("--max-staleness", type=int,
+                    help="use an episode at step s only if s - its policy version <= this (0 = synchronous; "
+                    "default 1, or 0 with --colocate)")
     rl.add_argument("--workers", type=int, default=4, help="episodes run at once (default 4)")
     rl.add_argument("--overprovision", type=int, default=0,
                     help="groups kept in flight beyond --groups-per-step: a step trains on the first groups to finish "
@@ -61,6 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
     rl.add_argument("--fsdp", action="store_true", help="train with FSDP2 across the ranks of `torchrun "
                     "--nproc-per-node N -m train.cli rl --fsdp ...` (rank 0 runs rollouts and weight sync)")
     rl.add_argument("--resume", action="store_true", help="continue from the run folder's last checkpoint")
+    rl.add_argument("--colocate", action="store_true",
+                    help="run the inference engine in this process on the trainer's device: its KV cache freed while "
+                    "the trainer steps, the new weights copied into it in memory (no checkpoint written per step); "
+                    "synchronous (--max-staleness 0), one device, no --base-url")
+    rl.add_argument("--kv-cache-tokens", type=int,
+                    help="--colocate: the engine's KV cache in tokens (default: what the memory plan leaves on a GPU, "
+                    "the engine's own default on a CPU)")
 
     sft = sub.add_parser("sft", help="supervised fine-tuning on recorded trajectories (their sampled tokens) and on "
                          "teacher sessions or transcripts without token ids (rendered by the model's chat template)")
@@ -287,8 +295,13 @@ def _rl(args) -> int:
         raise ValueError(f"{args.config}: unknown tables {sorted(unknown)} (expected [loss], [reward])")
     loss = LossConfig(**{"advantage": args.advantage, "aggregation": args.aggregation, **extra.get("loss", {})})
     reward = RewardConfig.from_dict(extra.get("reward", {}))
+    if args.kv_cache_tokens is not None and not args.colocate:
+        raise ValueError("--kv-cache-tokens sizes the --colocate engine's KV cache: give --colocate too")
+    if args.colocate and (args.fsdp or args.base_url):
+        raise ValueError("--colocate runs trainer and engine in one process on one device: not with --fsdp or --base-url")
+    staleness = args.max_staleness if args.max_staleness is not None else 0 if args.colocate else 1
     cfg = RLConfig(steps=args.steps, group_size=args.group_size, groups_per_step=args.groups_per_step,
-                   max_staleness=args.max_staleness, workers=args.workers, seed=args.seed,
+                   max_staleness=staleness, workers=args.workers, seed=args.seed,
                    overprovision=args.overprovision,
                    save_every=args.save_every, temperature=args.temperature, max_output_tokens=args.max_output_tokens,
                    backend=args.backend, vary_environment=args.vary_environment)
@@ -296,6 +309,11 @@ def _rl(args) -> int:
                             batch_invariant=args.batch_invariant, micro_batch_tokens=args.micro_batch_tokens,
                             activation_checkpointing=args.activation_checkpointing)
     _print_plan(_model_dir(args.model), trainer, args.fsdp)
+    colocate = None
+    if args.colocate:
+        from train.colocate import ColocateConfig
+
+        colocate = ColocateConfig(kv_cache_tokens=args.kv_cache_tokens)
     leader = None
     if args.fsdp:
         from train.distributed.fsdp import FSDPTrainer, Leader, follow, init_process_group
@@ -309,7 +327,7 @@ def _rl(args) -> int:
     try:
         history = run(_model_dir(args.model), load_tasks(args.tasks), args.out, cfg, trainer_cfg=trainer, loss=loss,
                       reward=reward, resume=args.resume, base_url=args.base_url, api_key=args.api_key,
-                      trainer=leader)
+                      trainer=leader, colocate=colocate)
     finally:
         if leader is not None:
             leader.stop()

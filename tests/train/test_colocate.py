@@ -15,7 +15,6 @@ import httpx
 import pytest
 import torch
 
-from agent.tasks import load_tasks
 from kernels import MXFP8Tensor, cpu_pack
 from serve.engine.native import EngineConfig, NativeEngine
 from serve.engine.parity import forced_logits
@@ -23,10 +22,9 @@ from serve.model.config import QWEN3_30B_A3B, ModelConfig
 from serve.model.fp8 import FP8Linear
 from serve.model.loader import load_model
 from serve.model.qwen3_moe import Qwen3MoeModel
+from train.cli import main as train_main
 from train.colocate import ColocateConfig, Colocated, copy_weights_
 from train.memory_plan import GIB, PlanDoesNotFit, colocated_plan, memory_plan
-from train.progress import Progress
-from train.rl import RLConfig, run
 from train.samples import Sample
 from train.trainer import Trainer, TrainerConfig
 
@@ -176,21 +174,23 @@ def test_copy_into_fused_packed_and_plain_layouts(tiny, tmp_path):
         copy_weights_(dst, one_layer)
 
 
-def test_colocated_rl_steps(tiny, tmp_path):
-    """Two synchronous steps of `run` with the engine in this process: real rollouts through the agent loop
-    and its tools, the weights handed over in memory (no policy/ folder), step 1 sampled by version 1."""
+def test_colocated_rl_steps_through_the_cli(tiny, tmp_path, capsys):
+    """Two synchronous steps of `composer-train rl --colocate`: real rollouts through the agent loop and its
+    tools against the engine in this process, the weights handed over in memory (no policy/ folder), step
+    1 sampled by version 1 at exactly the trainer's weights."""
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "calc.py").write_text("def add(a, b):\n    return a - b\n")
-    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps(
         {"id": f"coin-{i}", "workspace": "ws", "prompt": f"fix calc.py ({i})", "verify": "test $((RANDOM % 2)) -eq 0",
          "max_turns": 1}) + "\n" for i in range(2)))
     out = tmp_path / "run"
-    cfg = RLConfig(steps=2, group_size=2, groups_per_step=1, workers=2, max_staleness=0, save_every=2,
-                   max_output_tokens=8)
-    hist = run(tiny, load_tasks(tmp_path / "tasks.jsonl"), out, cfg, trainer_cfg=TrainerConfig(lr=1e-2),
-               progress=Progress(2, out=open("/dev/null", "w")),  # noqa: SIM115
-               colocate=ColocateConfig(kv_cache_tokens=16384, max_num_seqs=8, max_model_len=8192))
+    common = ["rl", "--model", str(tiny), "--tasks", str(tasks), "--out", str(out)]
+    assert train_main([*common, "--steps", "2", "--group-size", "2", "--groups-per-step", "1", "--workers", "2",
+                       "--max-output-tokens", "8", "--lr", "1e-2", "--save-every", "2", "--colocate",
+                       "--kv-cache-tokens", "16384"]) == 0
+    hist = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [m["policy_version"] for m in hist] == [0, 1]
     for m in hist:
         assert m["infra_masked"] == 0 and m["completion_tokens"] > 0
@@ -200,8 +200,11 @@ def test_colocated_rl_steps(tiny, tmp_path):
     eps = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
     assert {e["min_version"] for e in eps if e["step"] == 1} == {1}
     assert not (out / "policy").exists() and (out / "checkpoints" / "step-2").is_dir()
-    with pytest.raises(ValueError, match="synchronous"):
-        run(tiny, [], out, RLConfig(max_staleness=1), colocate=ColocateConfig())
+    capsys.readouterr()
+    assert train_main([*common, "--colocate", "--max-staleness", "1"]) == 2
+    assert "synchronous" in capsys.readouterr().err
+    assert train_main([*common, "--kv-cache-tokens", "4096"]) == 2
+    assert "give --colocate too" in capsys.readouterr().err
 
 
 def test_colocated_memory_plan_at_the_30b_shape(tmp_path):
