@@ -26,6 +26,9 @@ the rest; budgets are checked between measurements):
   sequence at batch 1/8/32 (MXFP8 experts, CUDA graphs), and the speedup projected from the acceptance
   bench/spec.py measured on the CPU replay of real agent traffic (random weights accept nothing).
 - kernels: bench/kernels.py's quantizer and MoE layer tables (its functions), tokens 1..4096.
+- fp8: FP8 dense layers (--quant-dense fp8, bench/gpu_fp8.py): the W8A16 kernel against bf16 F.linear at the
+  q/k/v, o and LM head shapes (1..64 rows and a prefill chunk), then two engines with the same random
+  weights, quant_dense none and fp8: the logit gap along a forced sequence and decode steps at batch 1/8/32.
 - train: the trainer's expert backward (grouped GEMMs, kernels/moe_grouped.py) against autograd through the
   reference on this device, then one RL step at the 4-layer Qwen3-30B-A3B shape, 8 x 2,048 tokens, half
   trained, micro-batches of 4,096 (bench/train_step.py): seconds, tokens/s, MFU of a measured bf16 matmul
@@ -76,16 +79,16 @@ from serve.engine.native import EngineConfig, NativeEngine  # noqa: E402
 from serve.engine.parity import forced_logits  # noqa: E402
 from serve.model.config import QWEN3_30B_A3B  # noqa: E402
 
-SECTIONS = ("parity", "decode", "hf", "profile", "spec", "kernels", "train", "tests")
+SECTIONS = ("parity", "decode", "hf", "profile", "spec", "kernels", "fp8", "train", "tests")
 REDUCED = dict(vocab_size=1024, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
                num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=2)
 # Seconds per section on a GPU; the decode section's includes the profile (they share the engines).
 # Sized from the probe that measured the first GPU figures (one H200); the whole run took 143 s there
 # on 2026-11-27 before the tests section.
-GPU_BUDGETS = {"parity": 50, "decode-mxfp8": 125, "decode-none": 70, "hf": 50, "spec": 80, "kernels": 45, "train": 60,
-               "tests": 100}
-CPU_BUDGETS = {"parity": 30, "decode-mxfp8": 50, "decode-none": 20, "hf": 15, "spec": 30, "kernels": 15, "train": 30,
-               "tests": 60}
+GPU_BUDGETS = {"parity": 50, "decode-mxfp8": 125, "decode-none": 70, "hf": 50, "spec": 80, "kernels": 45, "fp8": 60,
+               "train": 60, "tests": 100}
+CPU_BUDGETS = {"parity": 30, "decode-mxfp8": 50, "decode-none": 20, "hf": 15, "spec": 30, "kernels": 15, "fp8": 20,
+               "train": 30, "tests": 60}
 # The test files whose GPU paths only a GPU runs (CUDA-only tests, the Triton kernels compiled for the device);
 # on a CPU the section runs the first alone, to check that the section works.
 GPU_TEST_FILES = ("tests/kernels/test_backend.py", "tests/kernels/test_moe.py", "tests/kernels/test_mxfp8.py",
@@ -343,13 +346,13 @@ def run_requests(engine: NativeEngine, prompts: list[list[int]], max_tokens: int
 
 
 def make_engine(model_dir: Path, plan: Plan, quant: str, eager: bool, max_seqs: int, kv_tokens: int,
-                model=None, spec_tokens: int = 0) -> NativeEngine:
+                model=None, spec_tokens: int = 0, quant_dense: str = "none") -> NativeEngine:
     """A dummy-weight engine (load_format="dummy"); with `model`, that one instead of drawing a new one."""
     import serve.engine.native as native
     import serve.model.dummy as dummy
 
     # static_decode: the GPU's decode step (on a CPU too, without graphs, so the reduced run exercises it)
-    config = EngineConfig(device=plan.device, dtype="bfloat16", quant=quant, load_format="dummy",
+    config = EngineConfig(device=plan.device, dtype="bfloat16", quant=quant, quant_dense=quant_dense, load_format="dummy",
                           static_decode=True, enforce_eager=eager, max_num_seqs=max_seqs, kv_cache_tokens=kv_tokens,
                           max_batched_tokens=max(plan.prefill, 2048), max_model_len=plan.prefill + 1024,
                           **(dict(speculative="suffix", num_speculative_tokens=spec_tokens) if spec_tokens else {}))
@@ -864,6 +867,61 @@ def section_kernels(plan: Plan, report: Report, deadline: float) -> None:
           [r for r in sec["rows"] if r["kind"] == "moe"], kb.MOE_COLUMNS)
 
 
+def section_fp8(plan: Plan, report: Report, deadline: float) -> None:
+    import gpu_fp8
+
+    budget = Budget(plan.budgets["fp8"], deadline)
+    kb, sec, dev = load_kernel_bench(), report.section("fp8"), torch.device(plan.device)
+    reps = 50 if CUDA else 3
+    copy_bw = kb.copy_bandwidth(dev, (1 << 30) if CUDA else (1 << 26), reps)
+    sec["shape"] = {"copy_gb_s": copy_bw / 1e9, "fp8_path": "Triton W8A16 kernel" if CUDA else "torch reference (CPU)",
+                    "layers": [list(s) for s in gpu_fp8.dense_shapes(plan.shape)]}
+    with guarded(report, "fp8", "kernels"):
+        rows = gpu_fp8.kernel_rows(plan.shape, [1, 8, 32, 64, plan.prefill] if CUDA else [1, 8, 64], dev,
+                                   lambda f: kb.timed(f, dev, reps), copy_bw, lambda: budget.left() - 30 * CUDA)
+        sec["rows"] += rows
+        table(f"FP8 W8A16 ({sec['shape']['fp8_path']}) vs bf16 F.linear; % copy: weight bytes / time / copy bandwidth",
+              rows, [("layer", "layer", "s"), ("M", "rows", "d"), ("bf16_ms", "bf16 ms", ".4f"), ("fp8_ms", "fp8 ms", ".4f"),
+                     ("speedup", "x", ".2f"), ("fp8_pct_copy", "fp8 %copy", ".1f"), ("bf16_pct_copy", "bf16 %copy", ".1f"),
+                     ("max_rel_err", "rel err", ".1e")])
+    folder = scratch()
+    (folder / "config.json").write_text(json.dumps(plan.shape))
+    batches = [1, 8, 32] if CUDA else [1, 4]
+    kv_tokens = max(batches) * (plan.prompt_len + 64) + 4096
+    ids = random_prompts(1, 64 if CUDA else 24, plan.shape["vocab_size"], seed=5)[0]
+    logits = {}
+    for qd in ("none", "fp8"):
+        if budget.left() < 5:
+            sec["skipped"].append(f"engine quant_dense={qd}: budget")
+            continue
+        with guarded(report, "fp8", f"engine quant_dense={qd}"):
+            engine = make_engine(folder, plan, "mxfp8", False, max(batches), kv_tokens, quant_dense=qd)
+            try:
+                sec.setdefault("engines", []).append({"quant_dense": qd, "describe": engine.describe(),
+                                                      "weights_gib": gib(engine.weight_bytes())})
+                logits[qd] = forced_logits(engine, ids, 8).float().cpu()
+                clock = StepClock(engine)
+                run_requests(engine, random_prompts(2, 32, plan.shape["vocab_size"], seed=0), 8, seed=0, clock=clock)
+                for b in batches:
+                    mark = clock.mark()
+                    res = run_requests(engine, random_prompts(b, plan.prompt_len, plan.shape["vocab_size"], seed=b),
+                                       plan.new_tokens["mxfp8"], seed=b, clock=clock)
+                    row = {"kind": "decode", "quant_dense": qd, **decode_row(clock, mark, b, res)}
+                    sec["rows"].append(row)
+                    log(f"fp8: quant_dense={qd} batch {b}: step {row['step_ms']:.2f} ms = {row['tok_s']:.0f} tok/s")
+            finally:
+                stop_engine(engine)
+        free_memory()
+    if len(logits) == 2:
+        gap = gpu_fp8.logit_gap(logits["none"], logits["fp8"])
+        sec["rows"].append(gap)
+        log(f"fp8: logits, quant_dense fp8 vs none over {gap['positions']} positions: max |d| {gap['max_abs']:.3f}, "
+            f"mean {gap['mean_abs']:.4f} (logit std {gap['logit_std']:.3f}), greedy agreement {gap['greedy_agree']:.2f}")
+    table("decode with FP8 dense layers vs bf16 (MXFP8 experts" + (", CUDA graphs)" if CUDA else ")"),
+          [r for r in sec["rows"] if r["kind"] == "decode"],
+          [("quant_dense", "dense", "s"), ("batch", "batch", "d"), ("step_ms", "step ms", ".2f"), ("tok_s", "tok/s", ".0f")])
+
+
 # -- main --------------------------------------------------------------------------------------------------
 
 
@@ -1059,6 +1117,8 @@ def main(argv: list[str] | None = None) -> int:
         run("spec", lambda: section_spec(plan, report, deadline))
     if "kernels" in sections:
         run("kernels", lambda: section_kernels(plan, report, deadline))
+    if "fp8" in sections:
+        run("fp8", lambda: section_fp8(plan, report, deadline))
     if "train" in sections:
         run("train", lambda: section_train(plan, report, deadline))
     if "tests" in sections:

@@ -33,7 +33,7 @@ def test_every_section_runs(run):
     assert "REDUCED CPU SHAPE" in done.stdout and "wrote " in done.stdout
     assert data["meta"]["reduced_cpu_shape"] and data["meta"]["versions"]["torch"]
     sections = data["sections"]
-    assert set(sections) == {"parity", "decode", "hf", "profile", "spec", "kernels", "train", "tests"}
+    assert set(sections) == {"parity", "decode", "hf", "profile", "spec", "kernels", "fp8", "train", "tests"}
     for name, sec in sections.items():
         assert sec["status"] == "ok" and not sec["errors"] and sec["rows"], (name, sec)
 
@@ -73,6 +73,20 @@ def test_profile_and_kernel_figures(run):
     assert [r["tokens"] for r in kernels if r["kind"] == "moe"] == [1, 8, 64]
     assert all(r["bf16_ms"] > 0 and r["mxfp8_ms"] > 0 for r in kernels if r["kind"] == "moe")
     assert all(r["gb_s"] > 0 for r in kernels if r["kind"] == "quantizer")
+
+
+def test_fp8_dense_figures(run):
+    rows = run[1]["sections"]["fp8"]["rows"]
+    kernels = [r for r in rows if r["kind"] == "kernel"]
+    assert {(r["layer"], r["M"]) for r in kernels} == {(n, m) for n in ("qkv", "o", "lm_head") for m in (1, 8, 64)}
+    for r in kernels:  # a CPU runs the torch reference: bf16 output against the float32 one
+        assert r["bf16_ms"] > 0 and r["fp8_ms"] > 0 and r["fp8_gb_s"] > 0 and r["max_rel_err"] < 1e-2
+    decode = [r for r in rows if r["kind"] == "decode"]
+    assert {(r["quant_dense"], r["batch"]) for r in decode} == {(q, b) for q in ("none", "fp8") for b in (1, 4)}
+    assert all(r["step_ms"] > 0 and r["tok_s"] > 0 for r in decode)
+    (gap,) = [r for r in rows if r["kind"] == "logit_gap"]
+    assert gap["positions"] == 17 and 0 < gap["mean_abs"] <= gap["max_abs"] and 0 <= gap["greedy_agree"] <= 1
+    assert any("dense layers in block FP8" in e["describe"] for e in run[1]["sections"]["fp8"]["engines"])
 
 
 def test_verify_cost_figures(run):
