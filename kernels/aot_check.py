@@ -94,6 +94,7 @@ def compile_calls(rec: Recorder, arch: int) -> int:
 def _cases() -> list[tuple[str, Callable[[], None]]]:
     """The wrappers at the serving path's shapes: (what, call). Qwen3-30B-A3B: D 2048, 32 query heads and 4
     kv heads of 128, 128 experts top-8 with I 768 (8 experts here: their count changes no code), bf16."""
+    from kernels.fp8_linear_triton import fp8_linear_triton
     from kernels.fused_triton import add_rms_norm_triton, qk_norm_rope_cache_triton, router_topk_triton
     from kernels.moe_align_triton import moe_align_block_size_triton
     from kernels.moe_decode_triton import fused_moe_mxfp8_decode
@@ -127,7 +128,15 @@ def _cases() -> list[tuple[str, Callable[[], None]]]:
     s2 = MXFP8Tensor(torch.zeros(E, sd, si, dtype=torch.float8_e4m3fn),
                      torch.zeros(E, sd, si // 32, dtype=torch.uint8).view(torch.float8_e8m0fnu))
     T = 8
+
+    def fp8(M: int, N: int, K: int) -> Callable[[], None]:  # block-FP8 dense layers (--quant-dense fp8)
+        return lambda: fp8_linear_triton(torch.zeros(M, K, dtype=bf16), torch.zeros(N, K, dtype=torch.float8_e4m3fn),
+                                         torch.ones(-(-N // 128), -(-K // 128)))
+
     return [
+        ("fp8 linear, o projection, 1 row (split-K)", fp8(1, D, H * C)),
+        ("fp8 linear, q/k/v, 64 rows", fp8(64, (H + 2 * G) * C, D)),
+        ("fp8 linear, LM head, 4096-row prefill", fp8(4096, 151936, D)),
         ("moe decode, D 96 and I 32", lambda: fused_moe_mxfp8_decode(
             torch.zeros(7, sd, dtype=bf16), torch.stack([torch.randperm(E)[:2] for _ in range(7)]),
             torch.ones(7, 2, dtype=bf16), s13, s2)),
@@ -170,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     from triton.runtime.autotuner import Autotuner
     from triton.runtime.jit import JITFunction
 
+    import kernels.fp8_linear_triton
     import kernels.fused_triton
     import kernels.moe_align_triton
     import kernels.moe_decode_triton
@@ -177,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     import kernels.mxfp8_triton
     import kernels.paged_attention_triton
 
-    modules = [kernels.fused_triton, kernels.moe_align_triton, kernels.moe_decode_triton, kernels.moe_triton,
+    modules = [kernels.fp8_linear_triton, kernels.fused_triton, kernels.moe_align_triton, kernels.moe_decode_triton, kernels.moe_triton,
                kernels.mxfp8_triton, kernels.paged_attention_triton]
     failed = 0
     for arch in args.arch or [90, 100]:
