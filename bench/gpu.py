@@ -34,6 +34,11 @@ the rest; budgets are checked between measurements):
   trained, micro-batches of 4,096 (bench/train_step.py): seconds, tokens/s, MFU of a measured bf16 matmul
   rate, peak memory against the memory plan, forward/backward/optimizer split; with and without
   activation checkpointing.
+- rl (only when named: `--sections rl`): a few colocated RL steps (bench/gpu_rl.py): the native engine and
+  the trainer in this process on one device, 8 layers of the 30B shape (4 where the memory plan says 8 do
+  not fit), random weights, one-turn synthetic tasks through the real agent loop with a scripted verifier:
+  rollout and train tokens/s, the KV cache's release and restore, the weight hand-over in memory against the
+  disk path, and the step's time split.
 - tests: pytest on the test files whose GPU paths only a GPU runs (GPU_TEST_FILES: the Triton kernels on the
   device, CUDA-only tests), in a child process: counts, and each failure's id and error line.
 
@@ -79,6 +84,7 @@ from serve.engine.native import EngineConfig, NativeEngine  # noqa: E402
 from serve.engine.parity import forced_logits  # noqa: E402
 from serve.model.config import QWEN3_30B_A3B  # noqa: E402
 
+OPT_IN = ("rl",)  # run only when named in --sections
 SECTIONS = ("parity", "decode", "hf", "profile", "spec", "kernels", "fp8", "train", "tests")
 REDUCED = dict(vocab_size=1024, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
                num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=2)
@@ -982,6 +988,27 @@ def section_train(plan: Plan, report: Report, deadline: float) -> None:
         free_memory()
 
 
+def section_rl(plan: Plan, report: Report) -> None:
+    """Colocated RL steps (bench/gpu_rl.py): on a CPU one step at its tiny shape, to check the section runs."""
+    import gpu_rl
+
+    sec = report.section("rl")
+    result = gpu_rl.measure(layers=None if CUDA else plan.layers, steps=3 if CUDA else 1,
+                            group_size=4 if CUDA else 2, log=log)
+    sec["shape"] = {"config": result["shape"], "layers_tried": result["layers_tried"], "engine": result["engine"],
+                    "plan": result["plan"], "build_s": result["build_s"], "loop_s": result["loop_s"]}
+    sec["rows"] += [{"kind": "step"} | r for r in result["steps"]]
+    sec["rows"].append({"kind": "hand_over"} | result["hand_over"])
+    sec["rows"].append({"kind": "median"} | result["median"])
+    table("colocated RL steps (engine and trainer on one device)", [r for r in sec["rows"] if r["kind"] == "step"],
+          [("step", "step", "d"), ("rollout_s", "rollout s", ".2f"), ("rollout_tok_s", "compl tok/s", ".1f"),
+           ("train_s", "train s", ".2f"), ("train_tok_s", "train tok/s", ".1f"), ("sleep_s", "KV free s", ".4f"),
+           ("hand_over_s", "hand-over s", ".4f"), ("wake_s", "KV back s", ".4f"), ("step_s", "step s", ".2f")])
+    h = result["hand_over"]
+    log(f"hand-over: in memory {h['memory_s']:.4f} s, through the disk {h['disk_s']:.3f} s "
+        f"(save {h['disk_save_s']:.3f} + load {h['disk_load_s']:.3f}); {h['disk_over_memory']}x")
+
+
 def section_tests(plan: Plan, report: Report, deadline: float) -> None:
     """pytest on GPU_TEST_FILES in a child process (a crash in one test cannot end the benchmark), within
     the section's budget: passed/failed/skipped counts and each failure's test id and last error line."""
@@ -1047,8 +1074,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2, help="CPU mode: torch threads (default 2)")
     args = p.parse_args(argv)
     sections = {s.strip() for s in args.sections.split(",") if s.strip()}
-    if unknown := sections - set(SECTIONS):
-        p.error(f"unknown sections: {', '.join(sorted(unknown))} (known: {', '.join(SECTIONS)})")
+    if unknown := sections - set(SECTIONS) - set(OPT_IN):
+        p.error(f"unknown sections: {', '.join(sorted(unknown))} (known: {', '.join(SECTIONS + OPT_IN)})")
     plan = Plan(args)
     if not CUDA:
         torch.set_num_threads(args.threads)
@@ -1056,7 +1083,7 @@ def main(argv: list[str] | None = None) -> int:
     date = time.strftime("%Y-%m-%d")
     path = args.out / (f"gpu-{date}.json" if CUDA else f"gpu-{date}-cpu-reduced.json")
     meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "versions": versions(), "reduced_cpu_shape": plan.reduced,
-            "shape": plan.shape, "sections": sorted(sections, key=SECTIONS.index), "quick": args.quick,
+            "shape": plan.shape, "sections": sorted(sections, key=(SECTIONS + OPT_IN).index), "quick": args.quick,
             "prompt_len": plan.prompt_len, "new_tokens": plan.new_tokens, "prefill_tokens": plan.prefill,
             "warm_steps_dropped": WARM_STEPS}
     if CUDA:
@@ -1121,6 +1148,8 @@ def main(argv: list[str] | None = None) -> int:
         run("fp8", lambda: section_fp8(plan, report, deadline))
     if "train" in sections:
         run("train", lambda: section_train(plan, report, deadline))
+    if "rl" in sections:
+        run("rl", lambda: section_rl(plan, report))
     if "tests" in sections:
         run("tests", lambda: section_tests(plan, report, deadline))
 
