@@ -219,17 +219,91 @@ def compare_hand_over(colo, trainer, root: Path, log) -> dict:
     return row
 
 
+def hand_over_only(shape: dict, log=print) -> dict:
+    """The hand-over alone (no RL step) at `shape`: a trainer and its colocated engine, in memory against
+    the disk path (compare_hand_over). For shapes whose AdamW state would not fit a CPU box."""
+    import torch
+
+    from train.colocate import ColocateConfig, Colocated
+    from train.trainer import Trainer, TrainerConfig
+
+    root = Path(tempfile.mkdtemp(prefix="bench-rl-hand-over-"))
+    try:
+        folder = make_folder(shape, root / "model")
+        trainer = Trainer(folder, TrainerConfig(load_format="dummy"))
+        colo = Colocated(folder, trainer, ColocateConfig(max_num_seqs=4, max_model_len=1024, kv_cache_tokens=1024))
+        try:
+            row = compare_hand_over(colo, trainer, root, log)
+        finally:
+            colo.stop()
+        params = sum(p.numel() for p in trainer.model.parameters())
+        return {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "shape": shape,
+                "parameters": params, "hand_over": row}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def plot(result: dict, png: Path) -> Path | None:
+    """Each step's time by phase (stacked), and the hand-over in memory against the disk path."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    steps = result["steps"]
+    parts = [("rollouts", lambda r: r["rollout_s"])] + [
+        (f"train {k}", lambda r, k=k: r["phases_s"].get(k, 0.0)) for k in ("forward", "backward", "optimizer")] + [
+        ("KV release", lambda r: r["sleep_s"]), ("hand-over", lambda r: r["hand_over_s"]),
+        ("KV restore", lambda r: r["wake_s"])]
+    bottom = [0.0] * len(steps)
+    for name, get in parts:
+        vals = [get(r) for r in steps]
+        a.bar([r["step"] for r in steps], vals, bottom=bottom, label=name)
+        bottom = [x + y for x, y in zip(bottom, vals, strict=True)]
+    a.set_xlabel("step")
+    a.set_ylabel("seconds")
+    a.set_title(f"colocated RL step ({result['device']}, {result['shape']['num_hidden_layers']} layers)")
+    a.legend(fontsize=7)
+    h = result["hand_over"]
+    b.bar(["in memory", "disk: save", "disk: load"], [h["memory_s"], h["disk_save_s"], h["disk_load_s"]],
+          color=["tab:green", "tab:red", "tab:orange"])
+    b.set_ylabel("seconds")
+    b.set_title(f"weight hand-over ({h['bytes_written'] / 2**20:.1f} MiB written): disk/memory {h['disk_over_memory']}x")
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+    return png
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--layers", type=int, help="layers of the 30B shape (GPU default: 8, or 4 where 8 do not fit)")
     p.add_argument("--steps", type=int, help="RL steps (default 3)")
-    p.add_argument("--json", type=Path, help="write the figures here")
+    p.add_argument("--json", type=Path, help="write the figures here (and a plot beside it, .png)")
+    p.add_argument("--hand-over-only", action="store_true",
+                   help="only the hand-over, in memory against the disk path, at --layers of the 30B shape with "
+                   "--experts experts and --vocab tokens (for a CPU: no AdamW state, no rollouts)")
+    p.add_argument("--experts", type=int, default=128)
+    p.add_argument("--vocab", type=int, default=151936)
     args = p.parse_args(argv)
+    if args.hand_over_only:
+        shape = dict(QWEN3_30B_A3B, num_hidden_layers=args.layers or 1, num_experts=args.experts,
+                     vocab_size=args.vocab)
+        result = hand_over_only(shape)
+        print(json.dumps(result, indent=1))
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(result, indent=1))
+        return 0
     result = measure(layers=args.layers, steps=args.steps)
     print(json.dumps(result["median"] | {"hand_over": result["hand_over"]}, indent=1))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1, default=str))
+        plot(result, args.json.with_suffix(".png"))
     return 0
 
 
