@@ -64,6 +64,7 @@ from serve.engine.weights import (
     read_policy_version,
 )
 from serve.model.config import ModelConfig
+from serve.model.fp8 import describe_checkpoint
 from serve.model.loader import load_model, shard_files
 
 log = logging.getLogger(__name__)
@@ -268,7 +269,7 @@ class NativeEngine(Engine):
         return (f"engine native, {where}, {self.dtype}, experts {self.quant}, weights "
                 f"{(dense + experts) / 2**20:.1f} MiB (experts {experts / 2**20:.1f} MiB), KV cache "
                 f"{self.kv_cache_bytes / 2**20:.1f} MiB ({len(self.blocks.blocks) * self.config.block_size} tokens)"
-                + (f"; {self.packing}" if self.packing else "")
+                + (f"; {self.packing}" if self.packing else "") + describe_checkpoint(self.model)
                 + ("; decode attention: paged CPU kernel" if self.runner.cpu_kernels is not None else "")
                 + (f"; {self.runner.static.describe()}" if self.runner.static is not None else "")
                 + ("; decode steps: every layer in one C++ call"

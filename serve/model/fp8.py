@@ -114,3 +114,14 @@ def quantize_dense(model: nn.Module, keep_fp8: bool, block: tuple[int, int] = BL
 def dense_fp8_bytes(model: nn.Module) -> int:
     """Bytes of the FP8Linear weights and scales in `model`."""
     return sum(m.weight.numel() + m.weight_scale_inv.numel() * 4 for m in model.modules() if isinstance(m, FP8Linear))
+
+
+def describe_checkpoint(model: nn.Module) -> str:
+    """For the engine's start-up line: what loading a block-FP8 checkpoint did ("" for any other)."""
+    r = getattr(model, "fp8_report", None)
+    if not r:
+        return ""
+    dense = f"{r['dense_fp8_layers']} dense layers kept in FP8" if r["dense_fp8_layers"] else "dense layers dequantized"
+    err = r["mxfp8_reencode_rel_rms_max"]
+    return (f"; block-FP8 checkpoint ({r['block'][0]}x{r['block'][1]}): {dense}, experts {r['experts']}"
+            + (f", re-encoding error {err:.4f} (relative RMS, worst layer)" if err is not None else ""))

@@ -203,10 +203,10 @@ def _load(path: Path, cfg: ModelConfig, handles: dict, scales: dict, block: tupl
                 fuse_qkv(layer.self_attn)
         kept = sum(isinstance(m, FP8Linear) for m in model.modules())
         model.fp8_report = {"block": list(block), "dense_fp8_layers": kept,
-                            "experts": "mxfp8 (re-encoded)" if reencode else f"dequantized to {dtype}",
+                            "experts": "mxfp8 (re-encoded)" if reencode else f"dequantized to {str(dtype).removeprefix('torch.')}",
                             "mxfp8_reencode_rel_rms_max": max(reencode, default=None)}
         log.info("%s: block FP8 checkpoint (%dx%d): %s, experts %s%s", path, *block,
-                 f"{kept} dense layers kept in FP8" if kept else f"dense layers dequantized to {dtype}",
+                 f"{kept} dense layers kept in FP8" if kept else f"dense layers dequantized to {str(dtype).removeprefix('torch.')}",
                  model.fp8_report["experts"],
                  f", re-encoding error (relative RMS, worst layer) {max(reencode):.4f}" if reencode else "")
     model.eval()

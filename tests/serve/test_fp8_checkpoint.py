@@ -82,6 +82,7 @@ def test_loads_as_transformers_dequantizes_it_and_serves_the_same_logits(ckpts):
     print(f"native engine float32 vs transformers' dequantized FP8 model: max |dlogit| {gap.max():.2e}, "
           f"mean {gap.mean():.2e}")
     assert gap.max() < 1e-3 and torch.equal(got.argmax(-1), want.argmax(-1))
+    assert "block-FP8 checkpoint (128x128): dense layers dequantized, experts dequantized to float32" in described
 
 
 def test_experts_reencoded_to_mxfp8_report_their_error(ckpts, caplog):
