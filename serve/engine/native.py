@@ -109,11 +109,13 @@ class EngineConfig:
     load_format: str = "auto"
     """auto: the checkpoint's weights; dummy: random weights made on the device from the checkpoint's
     config.json alone (vLLM's --load-format dummy), for measuring speed at a full model's shape."""
-    batch_invariant: bool = False
+    batch_invariant: bool | str = False
     """Batch-invariant numerics (serve/model/numerics.py): a sequence's logits do not depend on the rest of
     the batch, on chunked prefill or on the prefill/decode split, so its log-probs are a function of its
-    token ids and the trainer reproduces them bit for bit. Runs the torch paths in float64 sums (no C++
-    kernels, no oneDNN packing, no static decode step): slower; bench/train_serve_gap.py measures it."""
+    token ids and the trainer reproduces them bit for bit. True: the device's mode ("fixed": fixed-order
+    Triton kernels on a GPU; "float64": float64 sums on a CPU), or name one. Runs the eager paths (no C++
+    kernels, no oneDNN packing, no static decode step): slower; bench/train_serve_gap.py (CPU) and
+    bench/gpu.py --sections invariant (GPU) measure it."""
     speculative: str = "off"
     """Speculative decoding from text the server already has (serve/engine/speculation.py): suffix, ngram
     or off."""
@@ -160,7 +162,7 @@ class NativeEngine(Engine):
         self.device = torch.device(c.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.dtype = resolve_dtype(c.dtype, self.device.type)
         self.serve_dtype = str(self.dtype).removeprefix("torch.")
-        self.batch_invariant = c.batch_invariant
+        self.batch_invariant = bool(c.batch_invariant)
         self.quant = c.quant if c.quant != "auto" else ("mxfp8" if self.device.type == "cuda" else "none")
         self._inbox: queue.Queue = queue.Queue()
         self._reload: Reload | None = None  # the load waiting for the running sequences to finish
@@ -222,8 +224,8 @@ class NativeEngine(Engine):
         """What every loaded model gets before it serves: batch-invariant numerics, or (on a CPU) the packed
         layouts of pack_for_cpu. Returns what packing did."""
         if self.config.batch_invariant:
-            model.set_batch_invariant()
-            return "batch-invariant numerics (float64 sums, torch paths)"
+            mode = model.set_batch_invariant(self.config.batch_invariant).batch_invariant
+            return f"batch-invariant numerics ({'fixed-order kernels' if mode == 'fixed' else 'float64 sums'}, eager paths)"
         dense = ""
         if self.config.quant_dense == "fp8":
             from serve.model.fp8 import quantize_dense

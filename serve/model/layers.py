@@ -24,7 +24,6 @@ from kernels.fused import rms_norm
 from kernels.moe_reference import acc_dtype
 from serve.model import numerics
 from serve.model.config import ModelConfig
-from serve.model.numerics import WIDE
 
 
 class RMSNorm(nn.Module):
@@ -32,10 +31,10 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
-        self.exact = False  # batch-invariant numerics (serve/model/numerics.py): the mean square in float64
+        self.exact: bool | str = False  # batch-invariant numerics' mode (serve/model/numerics.py)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps, WIDE if self.exact else None)
+        return numerics.rms_norm(x, self.weight, self.eps, self.exact) if self.exact else rms_norm(x, self.weight, self.eps)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
@@ -118,9 +117,9 @@ class AttnMeta:
 
 
 def paged_attention(q_THC: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttnMeta,
-                    num_kv_heads: int, exact: bool = False) -> torch.Tensor:
+                    num_kv_heads: int, exact: bool | str = False) -> torch.Tensor:
     """q [T, H, C] against the cache ([slots, G, C] each); returns [T, H, C]. `exact`: batch-invariant
-    numerics (serve/model/numerics.py; the torch decode path, not the C++ kernel)."""
+    numerics' mode (serve/model/numerics.py; the gathered decode path, not the C++ kernel)."""
     T = q_THC.shape[0]
     # Gathers use index_select, not advanced indexing: on a CPU `cache[slots_BL]` is ~9x slower for the
     # same rows (a decode step at batch 8 spent ~12% of its time there).
@@ -138,7 +137,7 @@ def paged_attention(q_THC: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
             k_BGLC = k_cache.index_select(0, flat).view(B, L, num_kv_heads, -1).permute(0, 2, 1, 3)
             v_BGLC = v_cache.index_select(0, flat).view(B, L, num_kv_heads, -1).permute(0, 2, 1, 3)
             if exact:
-                o_BHC = numerics.attention(q_BHC.unsqueeze(2), k_BGLC, v_BGLC, meta.decode_mask_B1L).squeeze(2)
+                o_BHC = numerics.attention(q_BHC.unsqueeze(2), k_BGLC, v_BGLC, meta.decode_mask_B1L, exact).squeeze(2)
             else:
                 # One query a row: SDPA's math path with grouped heads reads K/V as they are. The flash kernel
                 # would need them repeated per head first: 2.6x (bf16) to 25x (float64) slower at Qwen3-30B's
@@ -157,7 +156,7 @@ def paged_attention(q_THC: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         v_GLC = v_cache.index_select(0, s.slots_L).transpose(0, 1)
         if exact:
             o = numerics.attention(q_HQC[None], k_GLC[None], v_GLC[None],
-                                   numerics.causal(s.q_len, s.ctx_len, q_THC.device))[0]
+                                   numerics.causal(s.q_len, s.ctx_len, q_THC.device), exact)[0]
         else:
             cached = s.ctx_len - s.q_len  # new tokens after a cached prefix (or an earlier chunk): causal, offset
             o = attention(q_HQC[None], k_GLC[None], v_GLC[None],

@@ -46,7 +46,7 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(self.c, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.c, cfg.rms_norm_eps)
         self.qkv_proj: nn.Linear | None = None  # see fuse_qkv
-        self.exact = False  # batch-invariant numerics (serve/model/numerics.py)
+        self.exact: bool | str = False  # batch-invariant numerics' mode (serve/model/numerics.py)
 
     def fuse_qkv(self) -> None:
         """Inference only: q, k and v projections as one linear layer (two fewer matmuls per layer and
@@ -93,7 +93,7 @@ class Attention(nn.Module):
         q_BLHC, k_BLGC = apply_rope(q_BLHC, cos_LC, sin_LC), apply_rope(k_BLGC, cos_LC, sin_LC)
         q_BHLC, k_BGLC, v_BGLC = q_BLHC.transpose(1, 2), k_BLGC.transpose(1, 2), v_BLGC.transpose(1, 2)
         if self.exact:
-            o_BHLC = numerics.attention(q_BHLC, k_BGLC, v_BGLC, numerics.causal(L, L, x_BLD.device))
+            o_BHLC = numerics.attention(q_BHLC, k_BGLC, v_BGLC, numerics.causal(L, L, x_BLD.device), self.exact)
         else:  # the kernel the server's prefill takes
             o_BHLC = attention(q_BHLC, k_BGLC, v_BGLC)
         return proj(self.o_proj, o_BHLC.transpose(1, 2).reshape(B, L, self.h * self.c), self.exact)
@@ -105,13 +105,12 @@ class DenseMLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-        self.exact = False  # batch-invariant numerics (serve/model/numerics.py)
+        self.exact: bool | str = False  # batch-invariant numerics' mode (serve/model/numerics.py)
 
     def forward(self, x_TD: torch.Tensor) -> torch.Tensor:
         if self.exact:
-            g_TI = proj(self.gate_proj, x_TD, True)
-            h_TI = F.silu(g_TI.to(WIDE)).to(g_TI.dtype) * proj(self.up_proj, x_TD, True)
-            return proj(self.down_proj, h_TI, True)
+            g_TI, u_TI = proj(self.gate_proj, x_TD, self.exact), proj(self.up_proj, x_TD, self.exact)
+            return proj(self.down_proj, numerics.silu_mul(g_TI, u_TI, self.exact), self.exact)
         return self.down_proj(F.silu(self.gate_proj(x_TD)) * self.up_proj(x_TD))
 
 
@@ -130,7 +129,7 @@ class SparseMoE(nn.Module):
         self.cpu_kernels: ModuleType | None = None  # inference on a CPU: kernels/cpu_ext.py (pack_for_cpu)
         self.index = 0  # among the model's MoE layers (the M of routes [T, M, K])
         self.replay_counts: torch.Tensor | None = None  # [rows replayed, of those with other experts]
-        self.exact = False  # batch-invariant numerics (serve/model/numerics.py)
+        self.exact: bool | str = False  # batch-invariant numerics' mode (serve/model/numerics.py)
 
     def forward(self, x_TD: torch.Tensor, replay_TK: torch.Tensor | None = None,
                 record: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -138,7 +137,8 @@ class SparseMoE(nn.Module):
         rows with a -1 keep the router's own choice), weighted by the router's probabilities of those
         experts, so the router still learns. `record` (routes_SMK, slots_T): store each token's experts."""
         logits_TE = proj(self.gate, x_TD, self.exact)
-        probs_TE = torch.softmax(logits_TE, dim=-1, dtype=WIDE if self.exact else acc_dtype(logits_TE.dtype))
+        probs_TE = (numerics.router_probs(logits_TE, self.exact) if self.exact
+                    else torch.softmax(logits_TE, dim=-1, dtype=acc_dtype(logits_TE.dtype)))
         weights_TK, ids_TK = torch.topk(probs_TE, self.top_k, dim=-1)
         if replay_TK is not None:
             ids_TK = self._replay(ids_TK, replay_TK.to(ids_TK.device))
@@ -147,12 +147,13 @@ class SparseMoE(nn.Module):
             routes_SMK, slots_T = record
             routes_SMK[slots_T, self.index] = ids_TK.to(routes_SMK.dtype)
         if self.norm_topk:
-            weights_TK = weights_TK / weights_TK.sum(dim=-1, keepdim=True)
+            weights_TK = weights_TK / (numerics.topk_sum(weights_TK, self.exact) if self.exact
+                                       else weights_TK.sum(dim=-1, keepdim=True))
         weights_TK = weights_TK.to(logits_TE.dtype)
         if self.exact:  # training: the masters through the MXFP8 round trip, as saved and served
             w13, w2 = ((fake_quantize_mxfp8(w) for w in (self.w13, self.w2)) if self.train_mxfp8
                        else (self.w13, self.w2))
-            return numerics.moe(x_TD, ids_TK, weights_TK, w13, w2)
+            return numerics.moe(x_TD, ids_TK, weights_TK, w13, w2, self.exact)
         if self.train_mxfp8:
             return mxfp8_moe(x_TD, ids_TK, weights_TK, self.w13, self.w2, cache=self.quant_cache)
         return moe_forward(x_TD, ids_TK, weights_TK, self.w13, self.w2, cpu_kernels=self.cpu_kernels)
@@ -254,16 +255,18 @@ class Qwen3MoeModel(nn.Module):
         for i, moe in enumerate(self.moe_layers()):
             moe.index = i
 
-    def set_batch_invariant(self, on: bool = True) -> Qwen3MoeModel:
+    def set_batch_invariant(self, on: bool | str = True) -> Qwen3MoeModel:
         """Batch-invariant numerics (serve/model/numerics.py) in every layer: a token's logits become a
         function of the token ids before it, the same bits in any batch or step split, on the server and in
-        the trainer. Needs the plain layout (not pack_for_cpu's) and the torch paths. Returns self."""
-        if on and any(layer.self_attn.qkv_proj is not None for layer in self.layers):
+        the trainer. `on`: True/"auto" (the device's default mode), "fixed", "float64", or False. Needs the
+        plain layout (not pack_for_cpu's) and the torch paths. Returns self."""
+        mode = numerics.resolve_mode(on, self.embed_tokens.weight.device)
+        if mode and any(layer.self_attn.qkv_proj is not None for layer in self.layers):
             raise ValueError("batch-invariant numerics need the plain weight layout: set them before pack_for_cpu")
-        self.batch_invariant = on
+        self.batch_invariant = mode or False
         for m in self.modules():
             if hasattr(m, "exact"):
-                m.exact = on
+                m.exact = mode or False
         return self
 
     def cos_sin(self, positions_T: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -277,7 +280,7 @@ class Qwen3MoeModel(nn.Module):
         if self.lm_head is not None:
             return proj(self.lm_head, h_ND, self.batch_invariant)
         w = self.embed_tokens.weight
-        return numerics.linear(h_ND, w) if self.batch_invariant else F.linear(h_ND, w)
+        return numerics.linear(h_ND, w, mode=self.batch_invariant) if self.batch_invariant else F.linear(h_ND, w)
 
     def target_logprobs(self, input_ids_BL: torch.Tensor, sel_BT: torch.Tensor, chunk: int,
                         routes_BLMK: torch.Tensor | None = None) -> torch.Tensor:

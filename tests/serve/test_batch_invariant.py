@@ -4,13 +4,22 @@ with it, however its prompt is cut into prefill chunks and wherever prefill ends
 from __future__ import annotations
 
 import asyncio
+import os
+from pathlib import Path
 
 import pytest
 import torch
 
+if not torch.cuda.is_available():
+    # The fixed mode's Triton kernels run on a CPU under the interpreter. triton reads the variable when a
+    # kernel module is first imported, which the imports below may do (as tests/kernels/conftest.py does
+    # for its folder; a whole-suite run has it set from there on already).
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from serve.cli import BUILTIN_DIR
 from serve.engine.base import SamplingParams
 from serve.engine.native import EngineConfig, NativeEngine
+from serve.tiny import TinySpec, build_tiny_checkpoint
 
 
 def prompts(n: int) -> list[list[int]]:
@@ -55,3 +64,85 @@ def test_a_sequence_gets_the_same_bits_alone_or_in_a_batch_of_8_with_chunked_pre
 def test_batch_invariant_refuses_the_static_step_and_needs_the_native_engine():
     with pytest.raises(ValueError, match="batch-invariant"):
         NativeEngine(str(BUILTIN_DIR), EngineConfig(dtype="bfloat16", batch_invariant=True, static_decode=True))
+
+
+# -- the fixed-order mode (kernels/batch_invariant_triton.py), on a CPU through the Triton interpreter --------
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory) -> Path:
+    """A real checkpoint small enough for the interpreter (which pays per kernel program): 2 layers, one kv
+    head for two q heads, 4 experts top-2, 512 tokens."""
+    spec = TinySpec(vocab_size=512, hidden_size=64, moe_intermediate_size=32, num_attention_heads=2,
+                    num_key_value_heads=1, head_dim=32, num_experts=4)
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "small", spec=spec)
+
+
+def short_prompts(n: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(0, 500, (int(k),), generator=g).tolist() for k in torch.randint(9, 20, (n,), generator=g)]
+
+
+def run_short(engine: NativeEngine, batch: list[list[int]], tokens: int = 5):
+    async def one(p):
+        params = SamplingParams(max_tokens=tokens, temperature=0.0, logprobs=True, top_logprobs=5)
+        return [(t.id, t.logprob, t.top) async for t in engine.generate(p, params)]
+
+    async def all_():
+        return await asyncio.gather(*(one(p) for p in batch))
+
+    return asyncio.run(all_())
+
+
+def test_fixed_mode_same_bits_alone_in_a_batch_and_in_the_trainer(small):
+    """bf16 through the fixed-order kernels: a sequence alone (one prefill, decode alone) equals the same
+    sequence among 3 with its prompt cut into 8-token chunks (8-token pages) and mixed prefill/decode steps, and the
+    trainer's whole-sequence forward (its kernels, no cache) gives the decode steps' log-probs bit for bit."""
+    from train.trainer import Trainer, TrainerConfig
+
+    ps = short_prompts(3)
+    cfg = dict(dtype="bfloat16", batch_invariant="fixed", kv_cache_tokens=512, quant="none")
+    whole = NativeEngine(str(small), EngineConfig(**cfg))
+    chunked = NativeEngine(str(small), EngineConfig(**cfg, max_batched_tokens=8, block_size=8))
+    try:
+        assert "fixed-order kernels" in whole.describe() and whole.batch_invariant is True
+        assert whole.model.batch_invariant == "fixed"
+        alone = run_short(whole, ps[:1])[0]
+        in_batch = run_short(chunked, ps)
+    finally:
+        asyncio.run(whole.stop())
+        asyncio.run(chunked.stop())
+    assert in_batch[0] == alone  # ids, logprobs and top-5 logprobs: equal floats
+    assert len({tuple(t[0] for t in r) for r in in_batch}) > 1
+
+    trainer = Trainer(small, TrainerConfig(dtype="bfloat16", batch_invariant="fixed", mxfp8_experts=False))
+    assert trainer.model.batch_invariant == "fixed"
+    seqs = [p + [t[0] for t in r] for p, r in zip(ps, in_batch, strict=True)]
+    L = max(map(len, seqs))
+    ids = torch.tensor([s + [0] * (L - len(s)) for s in seqs])  # right-padded, scored together
+    with torch.no_grad():
+        lp_BT = trainer._token_logprobs(ids)
+    for i, (p, r) in enumerate(zip(ps, in_batch, strict=True)):
+        served = torch.tensor([t[1] for t in r])
+        scored = lp_BT[i, len(p) - 1: len(p) - 1 + len(r)]
+        assert torch.equal(scored, served), (scored - served).abs().max()
+    # the trainer's forward is differentiable through the kernels (backward through torch references)
+    lp = trainer._token_logprobs(ids[:1, :12])
+    lp.sum().backward()
+    assert any(p.grad is not None and float(p.grad.abs().sum()) > 0 for p in trainer.params)
+
+
+def test_the_mode_is_chosen_in_one_place():
+    from serve.model.numerics import resolve_mode
+
+    assert resolve_mode(True, "cpu") == "float64" and resolve_mode(False, "cuda") is None
+    assert resolve_mode("float64", "cuda") == "float64"
+    with pytest.raises(ValueError, match="one of"):
+        resolve_mode("bf16", "cpu")
+    assert resolve_mode("fixed", "cpu") == "fixed"  # under the interpreter (set above)
+    os.environ["TRITON_INTERPRET"] = "0"
+    try:
+        with pytest.raises(ValueError, match="interpreter"):  # a CPU without it: a clear refusal
+            resolve_mode("fixed", "cpu")
+    finally:
+        os.environ["TRITON_INTERPRET"] = "1"
