@@ -158,3 +158,29 @@ def test_quant_dense_fp8_on_a_cpu(ckpts):
         EngineConfig(quant_dense="fp8", batch_invariant=True)
     with pytest.raises(ValueError, match="quant_dense"):
         EngineConfig(quant_dense="int8")
+
+
+def test_composer_serve_serves_the_fp8_checkpoint_over_http(ckpts):
+    """The real server on a loopback port: the start-up line says what the load did, and a chat completion
+    comes back; --quant-dense is refused where it cannot act."""
+    import subprocess
+    import sys
+
+    import httpx
+
+    from tests.serve.conftest import ROOT, start_server
+
+    srv = start_server(ckpts[1], "--dtype", "float32", "--quant-dense", "fp8", "--max-model-len", "256")
+    try:
+        r = httpx.post(srv.base_url + "/chat/completions", timeout=60,
+                       json={"model": str(ckpts[1]), "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                             "temperature": 0})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1, r.text
+        log = "".join(srv.lines)
+        assert "block-FP8 checkpoint (128x128): dense layers dequantized" in log
+        assert "5 dense layers in block FP8 values" in log  # --quant-dense: q/k/v, o x 2 layers and the LM head
+    finally:
+        srv.stop()
+    done = subprocess.run([sys.executable, "-m", "serve.cli", "--model", str(ckpts[1]), "--engine", "hf",
+                           "--quant-dense", "fp8"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert done.returncode == 2 and "--quant-dense needs the native engine" in done.stderr
