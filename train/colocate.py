@@ -65,6 +65,9 @@ class ColocateConfig:
     """Free the KV cache while the trainer steps (off: it stays, and the plan counts it in the step)."""
     max_model_len: int | None = None
     """The engine's context length (default: the checkpoint's)."""
+    static_decode: bool | None = None
+    """The engine's decode steps through the static-shape step (EngineConfig.static_decode; default: on a
+    GPU only). True on a CPU runs the GPU's step without capture (the tests hand over weights under it)."""
 
     def __post_init__(self) -> None:
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < 1:
@@ -206,7 +209,8 @@ class Colocated:
         ec = EngineConfig(dtype=str(trainer.dtype).removeprefix("torch."),
                           quant="mxfp8" if trainer.config.mxfp8_experts else "none", device=str(self.device),
                           max_model_len=c.max_model_len, max_num_seqs=c.max_num_seqs, kv_cache_tokens=kv_tokens,
-                          load_format="dummy", batch_invariant=trainer.config.batch_invariant)
+                          load_format="dummy", batch_invariant=trainer.config.batch_invariant,
+                          static_decode=c.static_decode)
         self.engine: NativeEngine = NativeEngine(str(model_dir), ec)
         self.first_hand_over = self.hand_over()
         self.model = name

@@ -7,6 +7,7 @@ by a second engine) as the reference the in-memory hand-over must equal bit for 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from dataclasses import replace
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 from kernels import MXFP8Tensor, cpu_pack
+from serve.engine.base import SamplingParams
 from serve.engine.native import EngineConfig, NativeEngine
 from serve.engine.parity import forced_logits
 from serve.model.config import QWEN3_30B_A3B, ModelConfig
@@ -117,6 +119,41 @@ def test_hand_over_in_memory_equals_the_disk_path(tiny, tmp_path):
         r = httpx.post(colo.base_url + "/completions", json={"model": "policy", "prompt": "def f():", "max_tokens": 4},
                        headers={"Authorization": f"Bearer {colo.api_key}"}, timeout=60)
         assert r.status_code == 200 and r.json()["policy_version"] == 1
+    finally:
+        colo.stop()
+
+
+def greedy(engine: NativeEngine, n: int) -> tuple[list[int], list[float]]:
+    """n greedy tokens after IDS[:SPLIT] and their log-probs, through the engine's generate."""
+
+    async def go():
+        out = [t async for t in engine.generate(IDS[:SPLIT], SamplingParams(max_tokens=n, temperature=0.0, logprobs=True))]
+        return [t.id for t in out], [t.logprob for t in out]
+
+    return asyncio.run(go())
+
+
+def test_the_static_decode_step_serves_the_handed_over_weights(tiny):
+    """The GPU's decode step (persistent buffers; captured in CUDA graphs there) run on a CPU: after a hand-over
+    and a KV release/restore it decodes with the new weights, its buffers the same storages as before."""
+    trainer = Trainer(tiny, TrainerConfig(lr=1e-2))
+    colo = Colocated(tiny, trainer, ColocateConfig(kv_cache_tokens=1024, max_num_seqs=4, max_model_len=1024,
+                                                   static_decode=True))
+    try:
+        static = colo.engine.runner.static
+        buffers = (static.host.data_ptr(), static.dev.data_ptr())
+        greedy(colo.engine, 6)
+        steps = static.steps
+        assert steps > 0  # decode steps took the static path
+        colo.sleep()
+        step_on(trainer)
+        colo.hand_over()
+        colo.wake()
+        ids, lps = greedy(colo.engine, 6)
+        assert static.steps > steps and (static.host.data_ptr(), static.dev.data_ptr()) == buffers
+        sample = Sample("g", 0, token_ids=IDS[:SPLIT] + ids, mask=[1] * (SPLIT + 6), sampler_logprobs=[0.0] * (SPLIT + 6))
+        want = trainer.logprobs([sample])[0][SPLIT - 1:]
+        assert (torch.tensor(lps) - want).abs().max() < 1e-4  # the trainer's, at its new weights
     finally:
         colo.stop()
 
