@@ -23,8 +23,18 @@ What the engine serves after a hand-over is, bit for bit, what it would load fro
 disk path writes (tests/train/test_colocate.py checks every tensor). The disk path (`/v1/load_weights`)
 stays for servers on other machines.
 
+How others do it (read, not copied): verl's hybrid engine and TRL's `vllm_mode="colocate"` put vLLM in
+the trainer's processes and call its sleep mode (level 1: weights offloaded, KV cache discarded) before
+the update and `wake_up` after, then `load_weights` from the trainer's state dict; vLLM's sleep mode
+allocates through its own CUDA virtual-memory pool (cuMemMap), so waking maps new pages under the same
+addresses and its CUDA graphs survive. Our engine keeps its weights resident (the trainer's copy and the
+engine's are both needed: float32 masters vs bf16/MXFP8 served), so only the KV cache sleeps.
+
 Limits: synchronous RL only (an asynchronous run samples while the trainer steps, so the KV cache cannot
-be freed); one process, one device (no FSDP). On a CPU both run, taking turns on the cores.
+be freed); one process, one device (no FSDP). torch's caching allocator gives the KV cache's memory back
+wherever it has room, not necessarily at the old addresses: then the decode graphs are captured again
+(once per batch size, at first use); `wake` says whether it moved (`kv_moved`). On a CPU both run,
+taking turns on the cores.
 """
 
 from __future__ import annotations
