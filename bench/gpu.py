@@ -39,6 +39,10 @@ the rest; budgets are checked between measurements):
   not fit), random weights, one-turn synthetic tasks through the real agent loop with a scripted verifier:
   rollout and train tokens/s, the KV cache's release and restore, the weight hand-over in memory against the
   disk path, and the step's time split.
+- invariant (only when named: `--sections invariant`): the batch-invariant mode's fixed-order kernels
+  (bench/gpu_invariant.py) against the default engine at 8 layers of the 30B shape: decode step ms at batch
+  1/8/32 and their ratio; bitwise in bf16 on the device (a prompt alone vs among 8, the training forward vs
+  the decode steps' log-probs, a CUDA-graph replay of that forward vs eager).
 - tests: pytest on the test files whose GPU paths only a GPU runs (GPU_TEST_FILES: the Triton kernels on the
   device, CUDA-only tests), in a child process: counts, and each failure's id and error line.
 
@@ -84,7 +88,7 @@ from serve.engine.native import EngineConfig, NativeEngine  # noqa: E402
 from serve.engine.parity import forced_logits  # noqa: E402
 from serve.model.config import QWEN3_30B_A3B  # noqa: E402
 
-OPT_IN = ("rl",)  # run only when named in --sections
+OPT_IN = ("rl", "invariant")  # run only when named in --sections
 SECTIONS = ("parity", "decode", "hf", "profile", "spec", "kernels", "fp8", "train", "tests")
 REDUCED = dict(vocab_size=1024, hidden_size=128, intermediate_size=256, moe_intermediate_size=64,
                num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=2)
@@ -1009,6 +1013,12 @@ def section_rl(plan: Plan, report: Report) -> None:
         f"(save {h['disk_save_s']:.3f} + load {h['disk_load_s']:.3f}); {h['disk_over_memory']}x")
 
 
+def section_invariant(plan: Plan, report: Report, deadline: float) -> None:
+    import gpu_invariant
+
+    gpu_invariant.section(sys.modules[__name__], plan, report, deadline)
+
+
 def section_tests(plan: Plan, report: Report, deadline: float) -> None:
     """pytest on GPU_TEST_FILES in a child process (a crash in one test cannot end the benchmark), within
     the section's budget: passed/failed/skipped counts and each failure's test id and last error line."""
@@ -1150,6 +1160,8 @@ def main(argv: list[str] | None = None) -> int:
         run("train", lambda: section_train(plan, report, deadline))
     if "rl" in sections:
         run("rl", lambda: section_rl(plan, report))
+    if "invariant" in sections:
+        run("invariant", lambda: section_invariant(plan, report, deadline))
     if "tests" in sections:
         run("tests", lambda: section_tests(plan, report, deadline))
 

@@ -146,3 +146,34 @@ def test_the_mode_is_chosen_in_one_place():
             resolve_mode("fixed", "cpu")
     finally:
         os.environ["TRITON_INTERPRET"] = "1"
+
+
+def test_the_gpu_bench_invariant_section_runs_its_code_path_at_a_tiny_shape(tmp_path, monkeypatch):
+    """bench/gpu.py --sections invariant measures on a GPU; here its code path runs at a tiny shape under the
+    interpreter: decode rows of both engines, the ratio rows, and the bitwise row (alone == in a batch,
+    the training forward == the decode steps)."""
+    import argparse
+    import importlib.util
+    import sys
+    import time
+
+    root = Path(__file__).resolve().parents[2]
+    monkeypatch.syspath_prepend(str(root / "bench"))
+    spec = importlib.util.spec_from_file_location("bench_gpu", root / "bench" / "gpu.py")
+    g = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_gpu", g)  # the section hands its own module to gpu_invariant
+    spec.loader.exec_module(g)
+    plan = g.Plan(argparse.Namespace(layers=1, quick=True))
+    plan.shape.update(vocab_size=256, hidden_size=64, moe_intermediate_size=32, num_attention_heads=2,
+                      num_key_value_heads=1, head_dim=32, num_experts=4, num_experts_per_tok=2)
+    plan.prompt_len, plan.invariant_batches, plan.invariant_tokens = 10, [1, 2], 3
+    report = g.Report(tmp_path / "gpu.json", {})
+    g.section_invariant(plan, report, time.perf_counter() + 300)
+    sec = report.data["sections"]["invariant"]
+    assert not sec["errors"], sec["errors"]
+    assert {(r["engine"], r["batch"]) for r in sec["rows"] if r["kind"] == "decode"} == {
+        (e, b) for e in ("default", "fixed") for b in (1, 2)}
+    assert all(r["ratio"] > 0 for r in sec["rows"] if r["kind"] == "ratio")
+    (bits,) = [r for r in sec["rows"] if r["kind"] == "bitwise"]
+    assert bits["alone_equals_batch"] and bits["trainer_equals_server"] and bits["trainer_gap_max"] == 0.0
+    assert "fixed-order kernels" in sec["engine"]
