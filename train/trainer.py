@@ -89,8 +89,9 @@ class TrainerConfig:
     """What the forward computes in: bfloat16, float16, float32 or float64. Default: what the checkpoint is
     served in (`serve_dtype` in composer_policy.json), else as composer-serve's --dtype auto (bfloat16 on a
     GPU, float32 on a CPU). Masters and AdamW state are float32 (float64 for a float64 forward)."""
-    batch_invariant: bool = False
-    """Score with batch-invariant numerics (serve/model/numerics.py), as `composer-serve --batch-invariant`."""
+    batch_invariant: bool | str = False
+    """Score with batch-invariant numerics (serve/model/numerics.py), as `composer-serve --batch-invariant`:
+    True picks the device's mode as the server does ("fixed" kernels on a GPU, "float64" on a CPU), or name one."""
     train_only: tuple[str, ...] = ()
     """Regular expressions of parameter names (`re.search`); when given, every other parameter is frozen.
     RL learns a few bits per episode (one reward), which few parameters can hold; Adam moves every
