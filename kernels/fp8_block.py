@@ -89,6 +89,7 @@ def fp8_linear_reference(x: torch.Tensor, data: torch.Tensor, scale_inv: torch.T
 def fp8_linear(x: torch.Tensor, data: torch.Tensor, scale_inv: torch.Tensor, bias: torch.Tensor | None = None,
                block: tuple[int, int] = BLOCK, backend: Backend = "auto") -> torch.Tensor:
     """x [..., K] @ W.T for a block-FP8 W [N, K]: [..., N] in x's dtype. See the module docstring."""
+    check_pair(data, scale_inv, block)
     if x.shape[-1] != data.shape[1]:
         raise ValueError(f"x {tuple(x.shape)} does not fit weight {tuple(data.shape)}")
     if x.dtype != torch.float64 and use_triton(x.device, backend):

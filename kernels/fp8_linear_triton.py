@@ -28,7 +28,6 @@ import triton
 import triton.language as tl
 
 from kernels.backend import interpreting
-from kernels.fp8_block import check_pair
 from kernels.launches import launch
 
 DECODE_MAX_ROWS = 64
@@ -89,8 +88,7 @@ def tiles(M: int, N: int, K: int, device: torch.device, interpret: bool) -> tupl
 
 def fp8_linear_triton(x_MK: torch.Tensor, data_NK: torch.Tensor, scale_inv: torch.Tensor,
                       bias_N: torch.Tensor | None = None, block: tuple[int, int] = (128, 128)) -> torch.Tensor:
-    """kernels.fp8_block.fp8_linear on 2-D x (arguments checked here): [M, N] in x's dtype."""
-    check_pair(data_NK, scale_inv, block)
+    """kernels.fp8_block.fp8_linear on 2-D x ([M, K]; the weight/scale pair checked there): [M, N] in x's dtype."""
     M, K = x_MK.shape
     N = data_NK.shape[0]
     if K != data_NK.shape[1]:
@@ -103,10 +101,8 @@ def fp8_linear_triton(x_MK: torch.Tensor, data_NK: torch.Tensor, scale_inv: torc
     x_MK = x_MK if x_MK.stride(1) == 1 else x_MK.contiguous()
     data_NK, scale_inv = data_NK.contiguous(), scale_inv.float().contiguous()
     bm, bn, bk, split, warps, stages = tiles(M, N, K, x_MK.device, interp)
-    if block[1] % bk:  # one scale column per step: the step must not straddle two scale blocks
-        bk = block[1] if block[1] < bk else bk
-        while block[1] % bk:
-            bk //= 2
+    while block[1] % bk:  # one scale column per step: a step must not straddle two scale blocks
+        bk //= 2
     k_per_split = triton.cdiv(triton.cdiv(K, split), bk) * bk
     split = triton.cdiv(K, k_per_split)
     out = torch.empty((split, M, N) if split > 1 else (M, N), device=x_MK.device,
