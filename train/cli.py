@@ -174,6 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "bfloat16, as the trainer on a GPU)")
     pl.add_argument("--no-mxfp8", action="store_true")
     pl.add_argument("--json", action="store_true")
+    pl.add_argument("--colocate", action="store_true", help="with the inference engine on the same device "
+                    "(composer-train rl --colocate): its weights, and its KV cache while rollouts run")
+    pl.add_argument("--kv-cache-tokens", type=int, help="--colocate: the engine's KV cache (default: what fits)")
     _memory_flags(pl)
 
     ex = sub.add_parser("export", help="write a checkpoint as plain weights (MXFP8 experts dequantized, exactly "
@@ -236,9 +239,24 @@ def _plan(args) -> int:
                         activation_checkpointing=args.activation_checkpointing)
     device = "cuda" if args.gpu_memory or torch.cuda.is_available() else "cpu"
     compute = compute_dtype(model, args.dtype, torch.device(device)).itemsize
+    if args.kv_cache_tokens is not None and not args.colocate:
+        raise ValueError("--kv-cache-tokens sizes the --colocate engine's KV cache: give --colocate too")
+    if args.colocate and args.ranks > 1:
+        raise ValueError("--colocate plans one process on one device: not with --ranks")
     try:
-        plan, advice = plan_for(model, cfg, compute_bytes=compute, world=args.ranks, fsdp=args.ranks > 1,
-                                device=device, capacity=args.gpu_memory and args.gpu_memory * GIB), None
+        if args.colocate:
+            from train.colocate import ColocateConfig, colocated_memory_plan
+            from train.memory_plan import capacity_bytes
+
+            train = plan_for(model, cfg, compute_bytes=compute, device=device, capacity=float("inf"))
+            plan = colocated_memory_plan(model, train, serve_bytes=compute, mxfp8_experts=cfg.mxfp8_experts,
+                                         config=ColocateConfig(kv_cache_tokens=args.kv_cache_tokens),
+                                         on_gpu=device == "cuda",
+                                         capacity=args.gpu_memory * GIB if args.gpu_memory else capacity_bytes(device))
+        else:
+            plan = plan_for(model, cfg, compute_bytes=compute, world=args.ranks, fsdp=args.ranks > 1,
+                            device=device, capacity=args.gpu_memory and args.gpu_memory * GIB)
+        advice = None
     except PlanDoesNotFit as e:
         plan, advice = e.plan, e.advice
     print(json.dumps(plan.as_dict() | {"fits": advice is None}, indent=2) if args.json else plan.table())

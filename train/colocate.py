@@ -211,7 +211,11 @@ class Colocated:
         kv_tokens = c.kv_cache_tokens
         self.plan = None
         if self.device.type == "cuda":
-            self.plan = colocated_memory_plan(model_dir, trainer, c)
+            from train.memory_plan import capacity_bytes
+
+            self.plan = colocated_memory_plan(model_dir, trainer.memory_plan, serve_bytes=trainer.dtype.itemsize,
+                                              mxfp8_experts=trainer.config.mxfp8_experts, config=c, on_gpu=True,
+                                              capacity=capacity_bytes("cuda"))
             if kv_tokens is None:
                 kv_tokens = self.plan.kv_tokens
         # random weights made on the device from config.json (no read of the checkpoint): the first
@@ -293,19 +297,19 @@ class Colocated:
 # -- memory ------------------------------------------------------------------------------------------------
 
 
-def colocated_memory_plan(model_dir: str | Path, trainer: Trainer, config: ColocateConfig,
-                          capacity: float | None = None):
-    """The trainer's plan with the engine beside it (train/memory_plan.py colocated_plan), sized for this
-    device: the KV cache gets what the rollout phase leaves (unless given)."""
+def colocated_memory_plan(model_dir: str | Path, train_plan, *, serve_bytes: int, mxfp8_experts: bool,
+                          config: ColocateConfig, on_gpu: bool, capacity: float):
+    """The trainer's plan (`train_plan`) with the engine beside it (train/memory_plan.py colocated_plan),
+    checked against `capacity`: the KV cache gets what the rollout phase leaves unless config gives it.
+    Raises PlanDoesNotFit."""
     from serve.model.config import ModelConfig
-    from train.memory_plan import capacity_bytes, colocated_plan
+    from train.memory_plan import colocated_plan
 
     cfg = ModelConfig.from_dir(model_dir)
-    cap = capacity if capacity is not None else capacity_bytes(trainer.device.type)
-    rows = max(config.max_num_seqs, 1)
-    reserve = rows * cfg.vocab_size * 48 + 2**30 if trainer.device.type == "cuda" else 0  # NativeEngine._step_reserve
-    plan = colocated_plan(trainer.memory_plan, cfg, serve_bytes=trainer.dtype.itemsize,
-                          mxfp8_experts=trainer.config.mxfp8_experts, engine_reserve=reserve,
-                          kv_tokens=config.kv_cache_tokens, release_kv=config.release_kv, capacity=cap)
-    plan.check(cap)
+    # NativeEngine._step_reserve: the largest decode step's sampling tensors plus 1 GiB, on a GPU
+    reserve = max(config.max_num_seqs, 1) * cfg.vocab_size * 48 + 2**30 if on_gpu else 0
+    plan = colocated_plan(train_plan, cfg, serve_bytes=serve_bytes, mxfp8_experts=mxfp8_experts,
+                          engine_reserve=reserve, kv_tokens=config.kv_cache_tokens, release_kv=config.release_kv,
+                          capacity=capacity)
+    plan.check(capacity)
     return plan

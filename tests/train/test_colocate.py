@@ -265,3 +265,17 @@ def test_colocated_memory_plan_at_the_30b_shape(tmp_path):
     kept.check(141 * GIB)
     with pytest.raises(PlanDoesNotFit, match="no room for a KV"):
         colocated_plan(train, cfg, serve_bytes=2, mxfp8_experts=True, engine_reserve=reserve, capacity=80 * GIB)
+
+
+def test_plan_command_shows_the_colocated_plan(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps({**QWEN3_30B_A3B, "num_hidden_layers": 8}))
+    assert train_main(["plan", "--model", str(tmp_path), "--gpu-memory", "141", "--colocate", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["fits"] and got["kv_tokens"] > 100_000 and got["train_bytes"] < 141 * GIB
+    assert any(k.startswith("engine weights") for k in got["train_rows"])
+    assert train_main(["plan", "--model", str(tmp_path), "--gpu-memory", "80", "--colocate"]) == 1
+    out, err = capsys.readouterr()
+    assert "rollouts:" in out and "no room for a KV cache" in err
+    assert train_main(["plan", "--model", str(tmp_path), "--gpu-memory", "141", "--colocate",
+                       "--kv-cache-tokens", "5000000"]) == 1
+    assert "together" in capsys.readouterr().err
