@@ -184,3 +184,26 @@ def test_composer_serve_serves_the_fp8_checkpoint_over_http(ckpts):
     done = subprocess.run([sys.executable, "-m", "serve.cli", "--model", str(ckpts[1]), "--engine", "hf",
                            "--quant-dense", "fp8"], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert done.returncode == 2 and "--quant-dense needs the native engine" in done.stderr
+
+
+def test_sharded_with_scales_in_other_shards(ckpts, tmp_path):
+    """Real releases are sharded, and a weight's scale may sit in another shard than the weight."""
+    from safetensors.torch import load_file, save_file
+
+    d = tmp_path / "sharded"
+    shutil.copytree(ckpts[1], d)
+    tensors = load_file(str(d / "model.safetensors"))
+    (d / "model.safetensors").unlink()
+    names = sorted(tensors)  # a weight and its `_scale_inv` are neighbours here: alternate shards split them
+    shards = {f"model-0000{i + 1}-of-00002.safetensors": names[i::2] for i in range(2)}
+    for file, keys in shards.items():
+        save_file({k: tensors[k] for k in keys}, str(d / file), metadata={"format": "pt"})
+    index = {"metadata": {}, "weight_map": {k: f for f, keys in shards.items() for k in keys}}
+    where = index["weight_map"]
+    assert sum(where[k] != where[k.removesuffix("_scale_inv")] for k in where if k.endswith("_scale_inv")) > 10
+    (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    a, b = load_model(d, dtype=torch.float32), load_model(ckpts[1], dtype=torch.float32)
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert all(torch.equal(x, y) for x, y in zip((a.layers[1].mlp.w13, a.layers[1].mlp.w2),
+                                                 (b.layers[1].mlp.w13, b.layers[1].mlp.w2), strict=True))
