@@ -104,7 +104,8 @@ CPU_BUDGETS = {"parity": 30, "decode-mxfp8": 50, "decode-none": 20, "hf": 15, "s
 GPU_TEST_FILES = ("tests/kernels/test_backend.py", "tests/kernels/test_moe.py", "tests/kernels/test_mxfp8.py",
                   "tests/kernels/test_mxfp8_linear.py", "tests/kernels/test_moe_align.py",
                   "tests/kernels/test_moe_grouped.py", "tests/kernels/test_fused.py",
-                  "tests/kernels/test_paged_attention_triton.py", "tests/serve/test_static_decode.py",
+                  "tests/kernels/test_paged_attention_triton.py", "tests/kernels/test_fp8_linear.py",
+                  "tests/serve/test_static_decode.py",
                   "tests/serve/test_speculative.py")
 WARM_STEPS = 2  # decode steps dropped at each batch: first replays, allocator growth
 

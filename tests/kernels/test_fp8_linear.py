@@ -67,7 +67,7 @@ def _decode_ops():
     return mod
 
 
-def test_fp8_dense_layers_in_the_gpu_decode_step():
+def test_fp8_dense_layers_in_the_gpu_decode_step(device):
     """--quant-dense fp8 as a GPU runs it (FP8Linear modules, the Triton kernel under the interpreter): the
     eager forward matches the same model with FP8-rounded plain weights, and the static decode step (the one
     CUDA graphs capture) runs the FP8 kernel for q/k/v, o and the LM head with no host sync."""
@@ -79,7 +79,7 @@ def test_fp8_dense_layers_in_the_gpu_decode_step():
     cfg = ops.SMALL
     logits = []
     for keep in (True, False):
-        model, blocks, runner = ops.build(cfg, "none", 1, "cpu")
+        model, blocks, runner = ops.build(cfg, "none", 1, str(device))
         n, err = quantize_dense(model, keep_fp8=keep)
         assert n == 2 * cfg["num_hidden_layers"] + 1 and 0.01 < err < 0.05
         seq = Sequence([5, 9, 100, 7, 3, 44], SamplingParams(max_tokens=4))
@@ -87,7 +87,7 @@ def test_fp8_dense_layers_in_the_gpu_decode_step():
         logits.append(runner.run([(seq, len(seq))])[1])
     assert isinstance(model.lm_head, nn.Linear) and not isinstance(model.lm_head, FP8Linear)
     torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)
-    model, blocks, runner = ops.build(cfg, "mxfp8", 1, "cpu")  # the GPU path: MXFP8 experts too
+    model, blocks, runner = ops.build(cfg, "mxfp8", 1, str(device))  # the GPU path: MXFP8 experts too
     quantize_dense(model, keep_fp8=True)
     assert isinstance(model.lm_head, FP8Linear) and isinstance(model.layers[0].self_attn.qkv_proj, FP8Linear)
     seqs = ops.prefill(blocks, runner, 1, cfg["vocab_size"])
