@@ -142,10 +142,10 @@ def section(g, plan, report, deadline: float) -> None:
 
 def bitwise(g, engine: NativeEngine, plan, report, vocab: int, new: int) -> None:
     sec = report.section("invariant")
-    prompts = g.random_prompts(8, plan.prompt_len, vocab, seed=99)
+    prompts = g.random_prompts(getattr(plan, "invariant_prompts", 8), plan.prompt_len, vocab, seed=99)
     with g.guarded(report, "invariant", "bitwise"):
         alone = greedy(engine, prompts[:1], new)[0]
-        batch = greedy(engine, prompts, new)  # the same prompt first among 8 (random weights: same seed)
+        batch = greedy(engine, prompts, new)  # the same prompt first among the others
         scored = trainer_logprobs(engine, prompts[0], alone)
         served = torch.tensor([lp for _, lp in alone])
         row = {"kind": "bitwise", "dtype": "bfloat16", "tokens": len(alone),

@@ -107,8 +107,8 @@ def test_fixed_mode_same_bits_alone_in_a_batch_and_in_the_trainer(small):
     try:
         assert "fixed-order kernels" in whole.describe() and whole.batch_invariant is True
         assert whole.model.batch_invariant == "fixed"
-        alone = run_short(whole, ps[:1])[0]
-        in_batch = run_short(chunked, ps)
+        alone = run_short(whole, ps[:1], tokens=4)[0]
+        in_batch = run_short(chunked, ps, tokens=4)
     finally:
         asyncio.run(whole.stop())
         asyncio.run(chunked.stop())
@@ -166,13 +166,12 @@ def test_the_gpu_bench_invariant_section_runs_its_code_path_at_a_tiny_shape(tmp_
     plan = g.Plan(argparse.Namespace(layers=1, quick=True))
     plan.shape.update(vocab_size=256, hidden_size=64, moe_intermediate_size=32, num_attention_heads=2,
                       num_key_value_heads=1, head_dim=32, num_experts=4, num_experts_per_tok=2)
-    plan.prompt_len, plan.invariant_batches, plan.invariant_tokens = 10, [1, 2], 3
+    plan.prompt_len, plan.invariant_batches, plan.invariant_tokens, plan.invariant_prompts = 10, [2], 3, 3
     report = g.Report(tmp_path / "gpu.json", {})
     g.section_invariant(plan, report, time.perf_counter() + 300)
     sec = report.data["sections"]["invariant"]
     assert not sec["errors"], sec["errors"]
-    assert {(r["engine"], r["batch"]) for r in sec["rows"] if r["kind"] == "decode"} == {
-        (e, b) for e in ("default", "fixed") for b in (1, 2)}
+    assert {(r["engine"], r["batch"]) for r in sec["rows"] if r["kind"] == "decode"} == {("default", 2), ("fixed", 2)}
     assert all(r["ratio"] > 0 for r in sec["rows"] if r["kind"] == "ratio")
     (bits,) = [r for r in sec["rows"] if r["kind"] == "bitwise"]
     assert bits["alone_equals_batch"] and bits["trainer_equals_server"] and bits["trainer_gap_max"] == 0.0
