@@ -272,7 +272,7 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, len_ptr, table_ptr, Q, GROUP, 
             pv = tl.dot(p_RN.to(DOT), v_NC.to(DOT))
         acc = acc * alpha[:, None] + pv
         m_R = m_new
-    o = acc / l_R[:, None]
+    o = acc / tl.where(l_R > 0, l_R, 1.0)[:, None]  # a row with no key (a padding row): zeros, not NaN
     if Q_BITS:
         bits = o.to(tl.int32, bitcast=True)
         o = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).to(tl.int16)

@@ -113,9 +113,9 @@ class EngineConfig:
     """Batch-invariant numerics (serve/model/numerics.py): a sequence's logits do not depend on the rest of
     the batch, on chunked prefill or on the prefill/decode split, so its log-probs are a function of its
     token ids and the trainer reproduces them bit for bit. True: the device's mode ("fixed": fixed-order
-    Triton kernels on a GPU; "float64": float64 sums on a CPU), or name one. Runs the eager paths (no C++
-    kernels, no oneDNN packing, no static decode step): slower; bench/train_serve_gap.py (CPU) and
-    bench/gpu.py --sections invariant (GPU) measure it."""
+    Triton kernels on a GPU; "float64": float64 sums on a CPU), or name one. No C++ kernels, no oneDNN
+    packing; float64 runs no static decode step either (fixed runs its kernels in it, CUDA graphs on a GPU):
+    slower; bench/train_serve_gap.py (CPU) and bench/gpu.py --sections invariant (GPU) measure it."""
     speculative: str = "off"
     """Speculative decoding from text the server already has (serve/engine/speculation.py): suffix, ngram
     or off."""
@@ -210,9 +210,10 @@ class NativeEngine(Engine):
         self.blocks = BlockManager(num_blocks, c.block_size, c.prefix_caching)
         self.scheduler = Scheduler(self.blocks, c.max_num_seqs, c.max_batched_tokens)
         static = c.static_decode if c.static_decode is not None else self.device.type == "cuda"
-        if c.batch_invariant and c.static_decode:
-            raise ValueError("the static decode step has no batch-invariant kernels: leave static_decode unset")
-        static = static and not c.batch_invariant
+        fixed = self.model.batch_invariant == "fixed"  # its kernels run in the static step too (numerics)
+        if c.batch_invariant and c.static_decode and not fixed:
+            raise ValueError("the static decode step has no float64 batch-invariant path: leave static_decode unset")
+        static = static and (fixed or not c.batch_invariant)
         self.spec = Speculator(c.spec, self.max_model_len) if c.spec.on else None
         self.runner = ModelRunner(self.model, num_blocks, c.block_size, self.device, self.dtype, self.cpu_kernels,
                                   StaticConfig(c.max_num_seqs, self.max_model_len, graphs=not c.enforce_eager,
@@ -225,7 +226,7 @@ class NativeEngine(Engine):
         layouts of pack_for_cpu. Returns what packing did."""
         if self.config.batch_invariant:
             mode = model.set_batch_invariant(self.config.batch_invariant).batch_invariant
-            return f"batch-invariant numerics ({'fixed-order kernels' if mode == 'fixed' else 'float64 sums'}, eager paths)"
+            return f"batch-invariant numerics ({'fixed-order kernels' if mode == 'fixed' else 'float64 sums, eager paths'})"
         dense = ""
         if self.config.quant_dense == "fp8":
             from serve.model.fp8 import quantize_dense

@@ -52,6 +52,7 @@ from serve.engine.sampling import (
     sample_rows,
 )
 from serve.engine.sequence import Sequence
+from serve.model import numerics
 from serve.model.decode import decode_forward, prepare_for_decode
 from serve.model.qwen3_moe import Qwen3MoeModel
 
@@ -109,7 +110,8 @@ class StaticDecoder:
     def set_model(self, model: Qwen3MoeModel) -> None:
         """Serve `model` from now on (a weight reload): graphs captured for the old one are dropped."""
         self.model = model
-        prepare_for_decode(model)
+        if not model.batch_invariant:  # the fixed mode's step runs the layers' own projections (numerics)
+            prepare_for_decode(model)
         self.graphs.clear()
         self._pool = None
         self.capturable = self.graphs_wanted and all(
@@ -190,8 +192,9 @@ class StaticDecoder:
         f = self.dev[: FIELDS * b_max].view(FIELDS, b_max)[:, :size]
         tables_BN = self.dev[FIELDS * b_max :].view(b_max, self.max_blocks)[:size]
         slots_B = f[SLOT].long()
-        logits_BV = decode_forward(self.model, f[ID].long(), f[POS].long(), slots_B, tables_BN, f[LEN], self.kv,
-                                   self.block_size, self.routes)
+        forward = numerics.decode_forward if self.model.batch_invariant else decode_forward
+        logits_BV = forward(self.model, f[ID].long(), f[POS].long(), slots_B, tables_BN, f[LEN], self.kv,
+                            self.block_size, self.routes)
         rows = RowParams(temperature_B=f[TEMP].view(torch.float32), top_k_B=f[TOP_K].long(),
                          top_p_B=f[TOP_P].view(torch.float32), seeds_B2=f[SEED_LO:SEED_HI + 1].T.long() & 0xFFFFFFFF,
                          draws_B=f[DRAWS].long() & 0xFFFFFFFF)

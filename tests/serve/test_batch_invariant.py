@@ -95,23 +95,27 @@ def run_short(engine: NativeEngine, batch: list[list[int]], tokens: int = 5):
 
 
 def test_fixed_mode_same_bits_alone_in_a_batch_and_in_the_trainer(small):
-    """bf16 through the fixed-order kernels: a sequence alone (one prefill, decode alone) equals the same
-    sequence among 3 with its prompt cut into 8-token chunks (8-token pages) and mixed prefill/decode steps, and the
+    """bf16 through the fixed-order kernels: a sequence alone (one prefill, eager decode alone) equals the same
+    sequence among 3 with its prompt cut into 8-token chunks (8-token pages), mixed prefill/decode steps and
+    decode steps through the static step (paged attention in place), and the
     trainer's whole-sequence forward (its kernels, no cache) gives the decode steps' log-probs bit for bit."""
     from train.trainer import Trainer, TrainerConfig
 
     ps = short_prompts(3)
     cfg = dict(dtype="bfloat16", batch_invariant="fixed", kv_cache_tokens=512, quant="none")
-    whole = NativeEngine(str(small), EngineConfig(**cfg))
-    chunked = NativeEngine(str(small), EngineConfig(**cfg, max_batched_tokens=8, block_size=8))
+    whole = NativeEngine(str(small), EngineConfig(**cfg))  # eager decode steps
+    # decode steps through the static step (the GPU's, CUDA graphs there; numerics.decode_forward)
+    chunked = NativeEngine(str(small), EngineConfig(**cfg, max_batched_tokens=8, block_size=8, static_decode=True))
     try:
         assert "fixed-order kernels" in whole.describe() and whole.batch_invariant is True
-        assert whole.model.batch_invariant == "fixed"
+        assert whole.model.batch_invariant == "fixed" and whole.runner.static is None
+        assert chunked.runner.static is not None
         alone = run_short(whole, ps[:1], tokens=4)[0]
         in_batch = run_short(chunked, ps, tokens=4)
     finally:
         asyncio.run(whole.stop())
         asyncio.run(chunked.stop())
+    assert chunked.runner.static.steps > 0  # the static step did decode
     assert in_batch[0] == alone  # ids, logprobs and top-5 logprobs: equal floats
     assert len({tuple(t[0] for t in r) for r in in_batch}) > 1
 
