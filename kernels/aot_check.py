@@ -150,6 +150,10 @@ def _cases() -> list[tuple[str, Callable[[], None]]]:
             torch.zeros(T, C, dtype=bf16), torch.zeros(T, C, dtype=bf16), torch.zeros(slots, G, C, dtype=bf16),
             torch.zeros(slots, G, C, dtype=bf16), torch.arange(T), H)),
         ("router_topk", lambda: router_topk_triton(torch.zeros(T, 128, dtype=bf16), K, True)),
+        ("add_rms_norm of per-pair rows", lambda: add_rms_norm_triton(
+            torch.zeros(T, K, D, dtype=torch.float32), torch.zeros(T, D, dtype=bf16), torch.ones(D, dtype=bf16), 1e-6)),
+        ("router_topk recording routes", lambda: router_topk_triton(
+            torch.zeros(T, 128, dtype=bf16), K, True, (torch.zeros(slots, 48, K, dtype=torch.int16), torch.arange(T), 3))),
         ("paged attention, one split", attention(4, 8, 1)),
         ("paged attention, 16 splits", attention(4, 2560, None)),
         ("moe align", lambda: moe_align_block_size_triton(torch.stack([torch.randperm(E)[:K] for _ in range(64)]),

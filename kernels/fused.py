@@ -4,7 +4,9 @@ Triton launch, so a step captured in a CUDA graph holds fewer kernels per layer.
     add_rms_norm(x_TD, residual_TD | None, weight_D, eps, *, backend="auto") -> (out_TD, sum_TD)
         sum = x (+ residual, in x's dtype); out = RMSNorm(sum) as serve/model/layers.py's RMSNorm.
         Replaces the residual add and RMSNorm's ~8 ops (input_layernorm with the previous layer's MLP
-        output as the residual partner, post_attention_layernorm with the attention output).
+        output as the residual partner, post_attention_layernorm with the attention output). x may also
+        be a MoE layer's float32 per-pair rows [T, K, D] (kernels.moe.moe_forward(..., reduce=False)):
+        their sum over K, rounded to the residual's dtype, is then x (the MoE's own sum, in this launch).
     qk_norm_rope_cache(qkv_TN, q_norm_w_C, k_norm_w_C, eps, cos_TC, sin_TC, k_cache, v_cache,
                        slot_mapping_T, num_heads, *, backend="auto") -> q_THC
         What Attention.forward does between the fused q/k/v projection and attention (the GPU twin of
@@ -12,9 +14,10 @@ Triton launch, so a step captured in a CUDA graph holds fewer kernels per layer.
         heads RMSNorm'd over C with their weights and rotated (apply_rope, rotate-half) by cos/sin [T, C];
         k and v written to k_cache / v_cache [num_slots, G, C] at row slot_mapping_T[t], in the caches'
         dtype. Returns q [T, H, C] in qkv's dtype.
-    router_topk(logits_TE, top_k, renormalize, *, backend="auto") -> (weights_TK, ids_TK)
+    router_topk(logits_TE, top_k, renormalize, *, record=None, backend="auto") -> (weights_TK, ids_TK)
         SparseMoE.forward's routing: softmax in acc_dtype, top-k, optional renormalisation, weights in
-        the logits' dtype, ids int64.
+        the logits' dtype, ids int64. `record` = (routes_SMK, slots_T, m): also store the ids at each
+        token's cache slot, MoE layer m (routing replay), in the routes' dtype, in the same launch.
 
 `backend`: "auto" runs the Triton kernel on CUDA tensors, and on CPU tensors under the Triton interpreter
 (TRITON_INTERPRET=1), else the torch reference; "triton" / "torch" force one (kernels/backend.py).
@@ -64,6 +67,8 @@ def apply_rope(x_TNC: torch.Tensor, cos_TC: torch.Tensor, sin_TC: torch.Tensor) 
 
 def add_rms_norm_reference(x_TD: torch.Tensor, residual_TD: torch.Tensor | None, weight_D: torch.Tensor,
                            eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    if x_TD.dim() == 3:  # a MoE layer's per-pair rows: its output as the MoE path sums them
+        x_TD = x_TD.sum(dim=1).to(residual_TD.dtype)
     sum_TD = x_TD if residual_TD is None else x_TD + residual_TD
     return rms_norm(sum_TD, weight_D, eps), sum_TD
 
@@ -87,10 +92,13 @@ def qk_norm_rope_cache_reference(qkv_TN: torch.Tensor, q_norm_w_C: torch.Tensor,
     return q_THC
 
 
-def router_topk_reference(logits_TE: torch.Tensor, top_k: int,
-                          renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def router_topk_reference(logits_TE: torch.Tensor, top_k: int, renormalize: bool,
+                          record: tuple[torch.Tensor, torch.Tensor, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     probs_TE = torch.softmax(logits_TE, dim=-1, dtype=acc_dtype(logits_TE.dtype))
     weights_TK, ids_TK = torch.topk(probs_TE, top_k, dim=-1)
+    if record is not None:
+        routes_SMK, slots_T, m = record
+        routes_SMK[slots_T.long(), m] = ids_TK.to(routes_SMK.dtype)
     if renormalize:
         weights_TK = weights_TK / weights_TK.sum(dim=-1, keepdim=True)
     return weights_TK.to(logits_TE.dtype), ids_TK
@@ -117,14 +125,25 @@ def _check_weight(name: str, w: torch.Tensor, size: int, dtype: torch.dtype) -> 
 def add_rms_norm(x_TD: torch.Tensor, residual_TD: torch.Tensor | None, weight_D: torch.Tensor, eps: float, *,
                  backend: Backend = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """(RMSNorm(sum) * weight, sum) with sum = x + residual (or x itself when residual is None, returned
-    as is). out is in promote(weight, x) dtype, like RMSNorm's `weight * x`; sum in x's."""
-    if x_TD.dim() != 2:
-        raise ValueError(f"x_TD must be [T, D], not {list(x_TD.shape)}")
-    _check_float("x_TD", x_TD)
-    if residual_TD is not None and (residual_TD.shape != x_TD.shape or residual_TD.dtype != x_TD.dtype):
-        raise ValueError(f"residual_TD must match x_TD ({list(x_TD.shape)} {x_TD.dtype}), not "
-                         f"{list(residual_TD.shape)} {residual_TD.dtype}")
-    _check_weight("weight_D", weight_D, x_TD.shape[1], x_TD.dtype)
+    as is). out is in promote(weight, x) dtype, like RMSNorm's `weight * x`; sum in x's. x may be float32
+    per-pair rows [T, K, D] of a MoE layer (with a residual): x is then their sum over K in the residual's
+    dtype."""
+    if x_TD.dim() == 3:
+        if residual_TD is None or x_TD.dtype != torch.float32 or residual_TD.dim() != 2 \
+                or residual_TD.shape != (x_TD.shape[0], x_TD.shape[2]):
+            raise ValueError(f"per-pair rows x [T, K, D] must be float32 with a residual [T, D]; got x "
+                             f"{list(x_TD.shape)} {x_TD.dtype}, residual "
+                             f"{None if residual_TD is None else list(residual_TD.shape)}")
+        _check_float("residual_TD", residual_TD)
+        _check_weight("weight_D", weight_D, x_TD.shape[2], residual_TD.dtype)
+    else:
+        if x_TD.dim() != 2:
+            raise ValueError(f"x_TD must be [T, D] (or per-pair rows [T, K, D]), not {list(x_TD.shape)}")
+        _check_float("x_TD", x_TD)
+        if residual_TD is not None and (residual_TD.shape != x_TD.shape or residual_TD.dtype != x_TD.dtype):
+            raise ValueError(f"residual_TD must match x_TD ({list(x_TD.shape)} {x_TD.dtype}), not "
+                             f"{list(residual_TD.shape)} {residual_TD.dtype}")
+        _check_weight("weight_D", weight_D, x_TD.shape[1], x_TD.dtype)
     if use_triton(x_TD.device, backend):
         from kernels.fused_triton import add_rms_norm_triton
 
@@ -170,16 +189,28 @@ def qk_norm_rope_cache(qkv_TN: torch.Tensor, q_norm_w_C: torch.Tensor, k_norm_w_
 
 
 def router_topk(logits_TE: torch.Tensor, top_k: int, renormalize: bool, *,
+                record: tuple[torch.Tensor, torch.Tensor, int] | None = None,
                 backend: Backend = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """(weights [T, K] in the logits' dtype, ids [T, K] int64) of each row's top_k softmax probabilities,
-    largest first; `renormalize` divides the weights by their sum (Qwen3's norm_topk_prob)."""
+    largest first; `renormalize` divides the weights by their sum (Qwen3's norm_topk_prob). `record` =
+    (routes_SMK [S, M, top_k] integer, slots_T [T] int32/int64, m): routes_SMK[slots_T, m] = ids as well
+    (the kernel skips slots outside [0, S); the reference raises for them)."""
     if logits_TE.dim() != 2:
         raise ValueError(f"logits_TE must be [T, E], not {list(logits_TE.shape)}")
     _check_float("logits_TE", logits_TE)
     if not 1 <= top_k <= logits_TE.shape[1]:
         raise ValueError(f"top_k must be in [1, {logits_TE.shape[1]}], not {top_k}")
+    if record is not None:
+        routes_SMK, slots_T, m = record
+        if routes_SMK.dim() != 3 or routes_SMK.shape[2] != top_k or routes_SMK.is_floating_point() \
+                or routes_SMK.stride(2) != 1 or not 0 <= m < routes_SMK.shape[1]:
+            raise ValueError(f"record's routes must be [S, M, {top_k}] integer with unit stride in K and m in "
+                             f"[0, M), not {list(routes_SMK.shape)} {routes_SMK.dtype} with m={m}")
+        if slots_T.shape != (logits_TE.shape[0],) or slots_T.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"record's slots must be [{logits_TE.shape[0]}] int32/int64, not "
+                             f"{list(slots_T.shape)} {slots_T.dtype}")
     if use_triton(logits_TE.device, backend):
         from kernels.fused_triton import router_topk_triton
 
-        return router_topk_triton(logits_TE, top_k, renormalize)
-    return router_topk_reference(logits_TE, top_k, renormalize)
+        return router_topk_triton(logits_TE, top_k, renormalize, record)
+    return router_topk_reference(logits_TE, top_k, renormalize, record)

@@ -72,19 +72,29 @@ def _store(ptrs, v, mask, BITS: tl.constexpr):
 
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, sum_ptr, D, eps,
-                         stride_xt, stride_rt, stride_ot, stride_st,
-                         HAS_RESIDUAL: tl.constexpr, BLOCK_D: tl.constexpr, ACC: tl.constexpr,
-                         X_BITS: tl.constexpr, W_BITS: tl.constexpr, OUT_BITS: tl.constexpr):
+                         stride_xt, stride_xk, stride_rt, stride_ot, stride_st,
+                         HAS_RESIDUAL: tl.constexpr, PARTS: tl.constexpr, BLOCK_D: tl.constexpr,
+                         ACC: tl.constexpr, X_BITS: tl.constexpr, W_BITS: tl.constexpr, OUT_BITS: tl.constexpr):
+    # res_ptr is the model dtype's reference (the wrapper hands x itself over when there is no residual);
+    # X_BITS says how that dtype is held.
     t = tl.program_id(0).to(tl.int64)
     d_D = tl.arange(0, BLOCK_D)
     ok_D = d_D < D
-    s_D = _load(x_ptr + t * stride_xt + d_D, ok_D, ACC, X_BITS)
+    if PARTS > 0:
+        # x: a MoE layer's float32 per-pair rows [T, PARTS, D]; their sum in float32, k ascending, rounded
+        # to the model dtype, is the layer's output (what the MoE path's `.sum(dim=1).to(dtype)` gives)
+        p_D = tl.zeros((BLOCK_D,), dtype=tl.float32)
+        for k in tl.static_range(PARTS):
+            p_D += tl.load(x_ptr + t * stride_xt + k * stride_xk + d_D, mask=ok_D, other=0.0).to(tl.float32)
+        s_D = _rounded(p_D.to(ACC), res_ptr, X_BITS)
+    else:
+        s_D = _load(x_ptr + t * stride_xt + d_D, ok_D, ACC, X_BITS)
     if HAS_RESIDUAL:
-        s_D = _rounded(s_D + _load(res_ptr + t * stride_rt + d_D, ok_D, ACC, X_BITS), x_ptr, X_BITS)
+        s_D = _rounded(s_D + _load(res_ptr + t * stride_rt + d_D, ok_D, ACC, X_BITS), res_ptr, X_BITS)
         _store(sum_ptr + t * stride_st + d_D, s_D, ok_D, X_BITS)
     # Padding lanes loaded 0, so they add nothing to the sum of squares.
     inv_rms = tl.math.rsqrt(tl.sum(s_D * s_D, 0) / D + eps)
-    n_D = _rounded(s_D * inv_rms, x_ptr, X_BITS)
+    n_D = _rounded(s_D * inv_rms, res_ptr, X_BITS)
     w_D = _load(w_ptr + d_D, ok_D, ACC, W_BITS)
     _store(out_ptr + t * stride_ot + d_D, w_D * n_D, ok_D, OUT_BITS)
 
@@ -144,10 +154,11 @@ def _qk_norm_rope_cache_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, kc_ptr
 
 
 @triton.jit
-def _router_topk_kernel(logits_ptr, w_ptr, ids_ptr, E, stride_lt, stride_wt, stride_it,
+def _router_topk_kernel(logits_ptr, w_ptr, ids_ptr, routes_ptr, slot_ptr, E, layer, num_slots,
+                        stride_lt, stride_wt, stride_it, stride_rs, stride_rm,
                         TOP_K: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-                        RENORMALIZE: tl.constexpr, ACC: tl.constexpr, L_BITS: tl.constexpr,
-                        W_BITS: tl.constexpr):
+                        RENORMALIZE: tl.constexpr, RECORD: tl.constexpr, ACC: tl.constexpr,
+                        L_BITS: tl.constexpr, W_BITS: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     e_E = tl.arange(0, BLOCK_E)
     ok_E = e_E < E
@@ -171,6 +182,11 @@ def _router_topk_kernel(logits_ptr, w_ptr, ids_ptr, E, stride_lt, stride_wt, str
     ok_K = k_K < TOP_K
     _store(w_ptr + t * stride_wt + k_K, w_K, ok_K, W_BITS)
     tl.store(ids_ptr + t * stride_it + k_K, id_K.to(tl.int64), mask=ok_K)
+    if RECORD:  # routing replay: the picks at the token's cache slot, this layer's row (slots outside: skipped)
+        slot = tl.load(slot_ptr + t).to(tl.int64)
+        ok_R = tl.where((slot >= 0) & (slot < num_slots), ok_K, False)  # a scalar enters a mask via where
+        tl.store(routes_ptr + slot * stride_rs + layer * stride_rm + k_K,
+                 id_K.to(routes_ptr.dtype.element_ty), mask=ok_R)
 
 
 # ---------------------------------------------------------------- wrappers
@@ -189,23 +205,26 @@ def _unit_stride(t: torch.Tensor) -> torch.Tensor:
 
 def add_rms_norm_triton(x_TD: torch.Tensor, residual_TD: torch.Tensor | None, weight_D: torch.Tensor,
                         eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """kernels.fused.add_rms_norm's kernel path (which checks the arguments)."""
-    T, D = x_TD.shape
+    """kernels.fused.add_rms_norm's kernel path (which checks the arguments); x may be [T, K, D] float32
+    per-pair rows (then with a residual)."""
+    parts = x_TD.shape[1] if x_TD.dim() == 3 else 0
+    T, D = x_TD.shape[0], x_TD.shape[-1]
     x_TD = _unit_stride(x_TD)
-    out_TD = torch.empty((T, D), dtype=torch.promote_types(weight_D.dtype, x_TD.dtype), device=x_TD.device)
-    sum_TD = x_TD if residual_TD is None else torch.empty((T, D), dtype=x_TD.dtype, device=x_TD.device)
+    dtype = x_TD.dtype if residual_TD is None else residual_TD.dtype
+    out_TD = torch.empty((T, D), dtype=torch.promote_types(weight_D.dtype, dtype), device=x_TD.device)
+    sum_TD = x_TD if residual_TD is None else torch.empty((T, D), dtype=dtype, device=x_TD.device)
     res_TD = x_TD if residual_TD is None else _unit_stride(residual_TD)
     if T == 0:
         return out_TD, sum_TD
-    (x_k, x_bits), (res_k, _), (w_k, w_bits) = _bits(x_TD), _bits(res_TD), _bits(weight_D.contiguous())
+    (x_k, _), (res_k, res_bits), (w_k, w_bits) = _bits(x_TD), _bits(res_TD), _bits(weight_D.contiguous())
     (out_k, out_bits), (sum_k, _) = _bits(out_TD), _bits(sum_TD)
     block_d = triton.next_power_of_2(D)
     with launch("add_rms_norm"):
         _add_rms_norm_kernel[(T,)](
             x_k, res_k, w_k, out_k, sum_k, D, eps,
-            x_TD.stride(0), res_TD.stride(0), out_TD.stride(0), sum_TD.stride(0),
-            HAS_RESIDUAL=residual_TD is not None, BLOCK_D=block_d, ACC=_TL_ACC[acc_dtype(x_TD.dtype)],
-            X_BITS=x_bits, W_BITS=w_bits, OUT_BITS=out_bits,
+            x_TD.stride(0), x_TD.stride(1) if parts else 0, res_TD.stride(0), out_TD.stride(0), sum_TD.stride(0),
+            HAS_RESIDUAL=residual_TD is not None, PARTS=parts, BLOCK_D=block_d, ACC=_TL_ACC[acc_dtype(dtype)],
+            X_BITS=res_bits, W_BITS=w_bits, OUT_BITS=out_bits,
             num_warps=4 if block_d <= 1024 else 8 if block_d <= 4096 else 16, enable_fp_fusion=False)
     return out_TD, sum_TD
 
@@ -239,7 +258,8 @@ def qk_norm_rope_cache_triton(qkv_TN: torch.Tensor, q_norm_w_C: torch.Tensor, k_
     return q_THC
 
 
-def router_topk_triton(logits_TE: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def router_topk_triton(logits_TE: torch.Tensor, top_k: int, renormalize: bool,
+                       record: tuple[torch.Tensor, torch.Tensor, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """kernels.fused.router_topk's kernel path (which checks the arguments)."""
     T, E = logits_TE.shape
     logits_TE = _unit_stride(logits_TE)
@@ -248,11 +268,14 @@ def router_topk_triton(logits_TE: torch.Tensor, top_k: int, renormalize: bool) -
     if T == 0:
         return weights_TK, ids_TK
     (l_k, l_bits), (w_k, w_bits) = _bits(logits_TE), _bits(weights_TK)
+    routes_SMK, slots_T, layer = record if record is not None else (ids_TK, ids_TK, 0)
     block_e = triton.next_power_of_2(E)
     with launch("router_topk"):
         _router_topk_kernel[(T,)](
-            l_k, w_k, ids_TK, E, logits_TE.stride(0), weights_TK.stride(0), ids_TK.stride(0),
+            l_k, w_k, ids_TK, routes_SMK, slots_T.contiguous(), E, layer, routes_SMK.shape[0],
+            logits_TE.stride(0), weights_TK.stride(0), ids_TK.stride(0), routes_SMK.stride(0),
+            routes_SMK.stride(1),
             TOP_K=top_k, BLOCK_E=block_e, BLOCK_K=triton.next_power_of_2(top_k), RENORMALIZE=renormalize,
-            ACC=_TL_ACC[acc_dtype(logits_TE.dtype)], L_BITS=l_bits, W_BITS=w_bits,
+            RECORD=record is not None, ACC=_TL_ACC[acc_dtype(logits_TE.dtype)], L_BITS=l_bits, W_BITS=w_bits,
             num_warps=max(1, min(4, block_e // 256)), enable_fp_fusion=False)
     return weights_TK, ids_TK

@@ -102,7 +102,10 @@ def measure_cpu_costs(D: int = 768, inter: int = 384, repeat: int = 20) -> CpuCo
 def moe_forward(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor,
                 w13: torch.Tensor | MXFP8Tensor, w2: torch.Tensor | MXFP8Tensor, *,
                 backend: Backend = "auto", mma: str = "auto", cpu_packed: tuple[torch.Tensor, torch.Tensor] | None = None,
-                cpu_kernels: ModuleType | None = None) -> torch.Tensor:
+                cpu_kernels: ModuleType | None = None, reduce: bool = True) -> torch.Tensor:
+    """`reduce=False`: where the Triton MXFP8 kernels run, their weighted float32 per-pair rows [T, K, D]
+    instead of the sum over K (kernels.fused.add_rms_norm sums them with the residual in its own launch:
+    one kernel fewer per decode layer); every other path returns [T, D] as usual."""
     _check(x_TD, topk_ids_TK, topk_weights_TK, w13, w2)
     if isinstance(w13, MXFP8Tensor):
         if _dense_on_cpu(x_TD, w13, w2) and backend != "triton" and mma != "dot_scaled" \
@@ -114,7 +117,7 @@ def moe_forward(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: 
             return moe_grouped_cpu(x_TD, topk_ids_TK, topk_weights_TK, w13.dense, w2.dense)
         if use_triton(x_TD.device, backend):
             from kernels.moe_triton import fused_moe_mxfp8
-            return fused_moe_mxfp8(x_TD, topk_ids_TK, topk_weights_TK, w13, w2, mma=mma)
+            return fused_moe_mxfp8(x_TD, topk_ids_TK, topk_weights_TK, w13, w2, mma=mma, reduce=reduce)
         return moe_reference(x_TD, topk_ids_TK, topk_weights_TK, w13, w2, act_mxfp8=mma == "dot_scaled")
     if backend == "triton":
         raise ValueError("the Triton MoE path takes MXFP8 weights: pass MXFP8Tensor.quantize(w)")

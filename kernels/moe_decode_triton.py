@@ -105,13 +105,14 @@ def decode_tiles(interpret: bool) -> tuple[tuple[int, int, int, int], tuple[int,
 
 
 def fused_moe_mxfp8_decode(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor,
-                           w13: MXFP8Tensor, w2: MXFP8Tensor) -> torch.Tensor:
-    """kernels.moe.moe_forward's MXFP8 path for T <= DECODE_MAX_TOKENS tokens (arguments checked there)."""
+                           w13: MXFP8Tensor, w2: MXFP8Tensor, reduce: bool = True) -> torch.Tensor:
+    """kernels.moe.moe_forward's MXFP8 path for T <= DECODE_MAX_TOKENS tokens (arguments checked there).
+    reduce=False: the weighted float32 per-pair rows [T, K, D], not yet summed over K."""
     T, D = x_TD.shape
     K = topk_ids_TK.shape[1]
     inter = w2.shape[2]
     if T == 0:
-        return x_TD.new_zeros((0, D))
+        return x_TD.new_zeros((0, D)) if reduce else x_TD.new_zeros((0, K, D), dtype=torch.float32)
     if T > DECODE_MAX_TOKENS:
         raise ValueError(f"the decode MoE kernels take at most {DECODE_MAX_TOKENS} tokens, not {T}")
     interp = interpreting()
@@ -143,4 +144,4 @@ def fused_moe_mxfp8_decode(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_w
             w2_scales.stride(0), w2_scales.stride(1), out_PD.stride(0),
             TOP_K=K, BLOCK_T=block_t, BLOCK_KK=block_kk, BLOCK_N=dn, BLOCK_K=dk, F32_DOT=interp,
             num_warps=dw, num_stages=ds)
-    return out_PD.view(T, K, D).sum(dim=1).to(x_TD.dtype)
+    return out_PD.view(T, K, D).sum(dim=1).to(x_TD.dtype) if reduce else out_PD.view(T, K, D)

@@ -171,21 +171,22 @@ def default_mma(device: torch.device) -> str:
 
 def fused_moe_mxfp8(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor,
                     w13: MXFP8Tensor, w2: MXFP8Tensor, mma: str = "auto",
-                    tiles: MoETiles | None = None, autotune: bool | None = None) -> torch.Tensor:
+                    tiles: MoETiles | None = None, autotune: bool | None = None, reduce: bool = True) -> torch.Tensor:
     """The kernel path of kernels.moe.moe_forward (which checks the arguments); see the module docstring.
-    `tiles` forces the launch shapes; `autotune` (None: `autotuning`'s rule) measures them instead."""
+    `tiles` forces the launch shapes; `autotune` (None: `autotuning`'s rule) measures them instead.
+    reduce=False: the weighted float32 per-pair rows [T, K, D], not yet summed over K."""
     explicit_tiles = tiles is not None
     T, D = x_TD.shape
     K = topk_ids_TK.shape[1]
     E, two_i, _ = w13.shape
     inter = two_i // 2
     if T == 0:
-        return x_TD.new_zeros((0, D))
+        return x_TD.new_zeros((0, D)) if reduce else x_TD.new_zeros((0, K, D), dtype=torch.float32)
     mma = default_mma(x_TD.device) if mma == "auto" else mma
     if mma not in ("dequant", "dot_scaled"):
         raise ValueError(f"mma must be 'auto', 'dequant' or 'dot_scaled', not {mma!r}")
     if T <= DECODE_MAX_TOKENS and mma == "dequant" and tiles is None:  # few tokens: GEMV-shaped, no sort
-        return fused_moe_mxfp8_decode(x_TD, topk_ids_TK, topk_weights_TK, w13, w2)
+        return fused_moe_mxfp8_decode(x_TD, topk_ids_TK, topk_weights_TK, w13, w2, reduce)
     tiles = tiles or choose_tiles(T)
     x_TD = x_TD.contiguous()
     w13_data, w13_scales = w13.data.contiguous(), w13.scales.contiguous().view(torch.uint8)
@@ -226,4 +227,4 @@ def fused_moe_mxfp8(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_
             _down_kernel[(n_blocks, triton.cdiv(D, dn.block_n))](
                 *down_args, BLOCK_M=tiles.block_m, BLOCK_N=dn.block_n, BLOCK_K=dn.block_k,
                 num_warps=dn.num_warps, num_stages=dn.num_stages, **common)
-    return out_PD.view(T, K, D).sum(dim=1).to(x_TD.dtype)
+    return out_PD.view(T, K, D).sum(dim=1).to(x_TD.dtype) if reduce else out_PD.view(T, K, D)

@@ -6,10 +6,12 @@ positions, cache slots, block tables [B, N] and context lengths. Nothing in it d
 the host or returns a shape that depends on data, so it can be captured in a CUDA graph
 (serve/engine/static_decode.py) and replayed for any batch of that size.
 
-Per layer it is a handful of kernels instead of ~110 ops: the residual add fused into each RMSNorm,
-the q/k norms, rotary and the KV-cache write in one kernel, paged decode attention reading the cache
-pages in place (no gather), the router's softmax/top-k/renormalisation in one kernel, then the MoE
-kernels (kernels/fused.py, kernels/paged_attention.py, kernels/moe.py). Each entry point runs its
+Per layer it is ten kernels instead of ~110 ops: the residual add fused into each RMSNorm, one q/k/v
+matmul, the q/k norms, rotary and the KV-cache write in one kernel, paged decode attention reading the
+cache pages in place (no gather), the o projection, the router matmul, the router's softmax/top-k/
+renormalisation with the routes' record (routing replay) in one kernel, then the two MoE kernels, whose
+per-pair rows the next add + RMSNorm sums over the top-k (kernels/fused.py, kernels/paged_attention.py,
+kernels/moe.py). Each entry point runs its
 Triton kernel on a GPU (or under TRITON_INTERPRET=1) and its torch reference elsewhere, so on a CPU
 this same function runs without capture.
 
@@ -45,10 +47,11 @@ def _attention(attn: Attention, h_BD: torch.Tensor, cos_BC, sin_BC, k_cache, v_c
 
 
 def _moe(moe: SparseMoE, h_BD: torch.Tensor, routes_SMK: torch.Tensor | None, slots_B: torch.Tensor) -> torch.Tensor:
-    weights_BK, ids_BK = router_topk(moe.gate(h_BD), moe.top_k, moe.norm_topk)
-    if routes_SMK is not None:
-        routes_SMK[slots_B, moe.index] = ids_BK.to(routes_SMK.dtype)
-    return moe_forward(h_BD, ids_BK, weights_BK, moe.w13, moe.w2, cpu_kernels=moe.cpu_kernels)
+    """The layer's output [B, D], or (the Triton MXFP8 kernels) its per-pair rows [B, K, D] for the next
+    add_rms_norm to sum: one launch fewer."""
+    record = None if routes_SMK is None else (routes_SMK, slots_B, moe.index)
+    weights_BK, ids_BK = router_topk(moe.gate(h_BD), moe.top_k, moe.norm_topk, record=record)
+    return moe_forward(h_BD, ids_BK, weights_BK, moe.w13, moe.w2, cpu_kernels=moe.cpu_kernels, reduce=False)
 
 
 @torch.inference_mode()

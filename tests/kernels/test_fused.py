@@ -83,6 +83,26 @@ def test_add_rms_norm_float32_weight_on_bf16(device):
     assert_close_to(out_TD, want_out)
 
 
+@pytest.mark.parametrize(("T", "K", "D", "dtype"), [(3, 4, 64, torch.float32), (5, 8, 96, torch.bfloat16),
+                                                    (2, 2, 80, torch.float64)])
+def test_add_rms_norm_sums_a_moe_layers_per_pair_rows(T, K, D, dtype, device):
+    """x = a MoE layer's float32 per-pair rows [T, K, D]: the kernel sums them over K (the MoE path's
+    `.sum(dim=1).to(dtype)`) and adds the residual in the same launch; the reference is that sum, then
+    the usual add + RMSNorm."""
+    g = torch.Generator().manual_seed(K * D)
+    parts_TKD = torch.randn(T, K, D, generator=g).to(device)
+    residual_TD = (torch.randn(T, D, generator=g) * 3).to(dtype).to(device)
+    w_D = (torch.rand(D, generator=g) + 0.5).to(dtype).to(device)
+    want_out, want_sum = add_rms_norm(parts_TKD, residual_TD, w_D, EPS, backend="torch")
+    plain_out, plain_sum = add_rms_norm(parts_TKD.sum(1).to(dtype), residual_TD, w_D, EPS, backend="torch")
+    assert torch.equal(want_sum, plain_sum) and torch.equal(want_out, plain_out)
+    out_TD, sum_TD = add_rms_norm(parts_TKD, residual_TD, w_D, EPS, backend="triton")
+    assert out_TD.dtype == sum_TD.dtype == dtype
+    # the K-sum's order may differ from torch's in the last float32 bit, which a bf16 rounding can carry
+    assert_close_to(sum_TD, want_sum, scale=want_sum)
+    assert_close_to(out_TD, want_out, scale=want_out)
+
+
 # ---------------------------------------------------------------- qk_norm_rope_cache
 
 
@@ -223,6 +243,26 @@ def test_router_topk(T, E, K, dtype, renormalize, device, monkeypatch):
     assert_close_to(got_w, want_w, f32_tol=1e-6 if device.type == "cpu" else 4e-6)
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_router_topk_records_the_routes_at_each_tokens_slot(backend, device):
+    """record=(routes, slots, m): the ids land at routes[slot, m] in the routes' dtype, nothing else moves;
+    the kernel skips a slot outside the table (a padding row's), as it skips its K/V."""
+    T, E, K, M, S = 4, 16, 4, 3, 10
+    logits_TE = _distinct_logits(T, E, torch.float32, 5).to(device)
+    routes_SMK = torch.full((S, M, K), -1, dtype=torch.int16, device=device)
+    slots_T = torch.tensor([7, 2, 9, 0], device=device)
+    w, ids = router_topk(logits_TE, K, True, record=(routes_SMK, slots_T, 1), backend=backend)
+    want = torch.full((S, M, K), -1, dtype=torch.int16)
+    want[slots_T.cpu(), 1] = ids.cpu().to(torch.int16)
+    assert torch.equal(routes_SMK.cpu(), want)
+    assert torch.equal((w, ids)[1], router_topk(logits_TE, K, True, backend=backend)[1])
+    if backend == "triton":
+        routes_SMK.fill_(-1)
+        router_topk(logits_TE, K, True, record=(routes_SMK, torch.tensor([7, S, -1, 0], device=device), 2),
+                    backend=backend)
+        assert (routes_SMK[[7, 0], 2] >= 0).all() and (routes_SMK.cpu() >= 0).sum() == 2 * K
+
+
 def test_router_topk_takes_the_lowest_index_among_ties(device):
     logits_TE = torch.tensor([[0.0, 2.0, 1.0, 2.0, 2.0, -1.0]], device=device)
     _, ids_TK = router_topk(logits_TE, 4, True, backend="triton")
@@ -239,6 +279,7 @@ def _calls(device: torch.device):
     x_TD = torch.randn(3, 64).bfloat16().to(device)
     w_D = torch.ones(64, dtype=torch.bfloat16, device=device)
     logits_TE = _distinct_logits(3, 16, torch.float32, 0).to(device)
+    routes_SMK = torch.zeros(4, 2, 4, dtype=torch.int16, device=device)
     return [
         ("add_rms_norm", lambda b: add_rms_norm(x_TD, x_TD, w_D, EPS, backend=b)),
         ("add_rms_norm", lambda b: add_rms_norm(x_TD, None, w_D, EPS, backend=b)),
@@ -246,6 +287,9 @@ def _calls(device: torch.device):
                                                             EPS, cos_TC, sin_TC, k_cache, v_cache, slots_T, H,
                                                             backend=b)),
         ("router_topk", lambda b: router_topk(logits_TE, 4, True, backend=b)),
+        ("router_topk", lambda b: router_topk(logits_TE, 4, True, backend=b,
+                                              record=(routes_SMK, torch.tensor([1, 0, 2], device=device), 1))),
+        ("add_rms_norm", lambda b: add_rms_norm(torch.randn(3, 4, 64, device=device), x_TD, w_D, EPS, backend=b)),
     ]
 
 
@@ -269,6 +313,53 @@ def test_arguments_are_checked():
         add_rms_norm(x_TD, None, torch.ones(8, dtype=torch.float64), EPS)
     with pytest.raises(ValueError, match="top_k"):
         router_topk(x_TD, 9, True)
+    with pytest.raises(ValueError, match="per-pair rows"):
+        add_rms_norm(torch.randn(2, 4, 8), None, torch.ones(8), EPS)
+    with pytest.raises(ValueError, match="per-pair rows"):
+        add_rms_norm(torch.randn(2, 4, 8).double(), x_TD, torch.ones(8), EPS)
+    with pytest.raises(ValueError, match="routes"):
+        router_topk(x_TD, 2, True, record=(torch.zeros(4, 2, 3, dtype=torch.int16), torch.tensor([0, 1]), 0))
+    with pytest.raises(ValueError, match="routes"):
+        router_topk(x_TD, 2, True, record=(torch.zeros(4, 2, 2, dtype=torch.int16), torch.tensor([0, 1]), 2))
+    with pytest.raises(ValueError, match="slots"):
+        router_topk(x_TD, 2, True, record=(torch.zeros(4, 2, 2, dtype=torch.int16), torch.tensor([0.0, 1.0]), 0))
     with pytest.raises(ValueError, match="width"):
         qk_norm_rope_cache(torch.randn(2, 5 * 8), torch.ones(8), torch.ones(8), EPS, torch.ones(2, 8),
                            torch.ones(2, 8), torch.zeros(4, 1, 8), torch.zeros(4, 1, 8), torch.tensor([0, 1]), 2)
+
+
+# ---------------------------------------------------------------- the decode step built from them
+
+
+def test_the_gpu_decode_step_gives_the_eager_forwards_logits_and_routes(device):
+    """serve/model/decode.py along the GPU code path (here the Triton interpreter): ten kernels per layer,
+    the routes recorded by the router kernel and the MoE's top-k sum done by the next add + RMSNorm. Its
+    logits and recorded routes are the eager forward's (ModelRunner.run) for the same decode step."""
+    from bench.decode_ops import BLOCK, SMALL, build, prefill
+    from serve.model.decode import decode_forward
+
+    if device.type != "cpu":
+        pytest.skip("the CPU run is the interpreter's; a GPU runs this path in tests/serve")
+    config = dict(SMALL, num_hidden_layers=2)
+    model, blocks, runner = build(config, "mxfp8", 3, "cpu")
+    seqs = prefill(blocks, runner, 3, config["vocab_size"])
+    for s in seqs:
+        assert blocks.ensure(s, len(s))
+    kv_before = [(k.clone(), v.clone()) for k, v in runner.kv]
+    _, want_BV = runner.run([(s, 1) for s in seqs])
+    want_routes = runner.routes.clone()
+    for (k, v), (k0, v0) in zip(runner.kv, kv_before, strict=True):
+        k.copy_(k0)
+        v.copy_(v0)
+    runner.routes.fill_(-1)
+    pos = torch.tensor([len(s) - 1 for s in seqs])
+    slots = torch.tensor([s.block_table[p // BLOCK] * BLOCK + p % BLOCK for s, p in zip(seqs, pos.tolist(), strict=True)])
+    width = max(len(s.block_table) for s in seqs)
+    tables = torch.tensor([s.block_table + [0] * (width - len(s.block_table)) for s in seqs])
+    launches: list[str] = []
+    with on_launch(launches.append), OpCounter(strict=True):
+        got_BV = decode_forward(model, torch.tensor([s.token_ids[-1] for s in seqs]), pos, slots, tables,
+                                (pos + 1).int(), runner.kv, BLOCK, runner.routes)
+    assert launches.count("router_topk") == config["num_hidden_layers"]
+    torch.testing.assert_close(got_BV, want_BV, rtol=1e-4, atol=1e-4 * want_BV.abs().max().item())
+    assert torch.equal(runner.routes[slots], want_routes[slots])

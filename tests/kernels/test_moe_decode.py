@@ -66,6 +66,23 @@ def test_the_seam_takes_the_decode_kernels_for_few_tokens_only(device):
         torch.testing.assert_close(out.cpu(), ref, rtol=tol, atol=tol * ref.abs().max().item())
 
 
+def test_unreduced_rows_are_the_per_pair_terms_of_the_sum(device):
+    """moe_forward(..., reduce=False) on the Triton kernels (decode and grouped sizes): float32 rows
+    [T, K, D] whose sum over K is the reduced output, and no extra launch or op for the sum (the decode
+    step's add_rms_norm does it); a path without such rows (the torch reference) returns [T, D]."""
+    for T in (3, DECODE_MAX_TOKENS + 1):
+        x, ids, w, w13, w2 = make_layer(T, 16, 2, 64, 32, seed=T + 1)
+        _, _, d13, d2 = quantized(w13, w2, device)
+        args = (x.to(device), ids.to(device), w.to(device), d13, d2)
+        with torch.inference_mode(), OpCounter() as c:
+            rows = moe_forward(*args, backend="triton", reduce=False)
+        assert rows.shape == (T, 2, 64) and rows.dtype == torch.float32
+        assert "aten.sum" not in c.ops
+        out = moe_forward(*args, backend="triton")
+        torch.testing.assert_close(rows.sum(1).to(out.dtype), out, rtol=0, atol=0)
+        assert moe_forward(*args, backend="torch", reduce=False).shape == (T, 64)
+
+
 def test_an_expert_every_token_picked_is_read_by_one_slot(device):
     """All T tokens route to expert 0 (and each to one other): the first slot's programs serve every
     token of expert 0, later slots of it return; the result still matches."""
