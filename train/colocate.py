@@ -226,10 +226,14 @@ class Colocated:
                           load_format="dummy", batch_invariant=trainer.config.batch_invariant,
                           static_decode=c.static_decode)
         self.engine: NativeEngine = NativeEngine(str(model_dir), ec)
-        self.first_hand_over = self.hand_over()
         self.model = name
         self.api_key = "sk-colocated-" + secrets.token_hex(12)
-        self._serve(Path(model_dir), name)
+        try:
+            self.first_hand_over = self.hand_over()
+            self._serve(Path(model_dir), name)
+        except BaseException:
+            asyncio.run(self.engine.stop())  # its thread would outlive this failed start
+            raise
 
     def _serve(self, model_dir: Path, name: str) -> None:
         import uvicorn
