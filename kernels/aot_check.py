@@ -94,6 +94,7 @@ def compile_calls(rec: Recorder, arch: int) -> int:
 def _cases() -> list[tuple[str, Callable[[], None]]]:
     """The wrappers at the serving path's shapes: (what, call). Qwen3-30B-A3B: D 2048, 32 query heads and 4
     kv heads of 128, 128 experts top-8 with I 768 (8 experts here: their count changes no code), bf16."""
+    from kernels import batch_invariant_triton as bi
     from kernels.fp8_linear_triton import fp8_linear_triton
     from kernels.fused_triton import add_rms_norm_triton, qk_norm_rope_cache_triton, router_topk_triton
     from kernels.moe_align_triton import moe_align_block_size_triton
@@ -167,6 +168,19 @@ def _cases() -> list[tuple[str, Callable[[], None]]]:
         ("moe grouped, 64 tokens, fixed tiles", moe(64, mma="dequant", autotune=False)),
         ("moe grouped, 512 tokens, autotune candidates", moe(512, mma="dequant", autotune=True)),
         ("moe grouped, 512 tokens, dot_scaled (sm_100)", moe(512, mma="dot_scaled", autotune=False)),
+        ("batch-invariant matmul and norms", lambda: (
+            bi.matmul(torch.zeros(T, D, dtype=bf16), torch.zeros((H + 2 * G) * C, D, dtype=bf16)),
+            bi.rms_norm(torch.zeros(T, H, C, dtype=bf16), torch.ones(C, dtype=bf16), 1e-6),
+            bi.log_softmax(torch.zeros(T, 151936)))),
+        ("batch-invariant moe, MXFP8 in registers", lambda: bi.moe(
+            torch.zeros(T, D, dtype=bf16), torch.stack([torch.randperm(E)[:K] for _ in range(T)]),
+            torch.ones(T, K, dtype=bf16), w13, w2)),
+        ("batch-invariant attention, paged decode and a dense sequence", lambda: (
+            bi.attention(torch.zeros(4, 1, H, C, dtype=bf16), torch.zeros(slots, G, C, dtype=bf16),
+                         torch.zeros(slots, G, C, dtype=bf16), torch.ones(4, 1, dtype=torch.int32),
+                         torch.zeros(4, 8, dtype=torch.int32), bs),
+            bi.attention(torch.zeros(1, 64, H, C, dtype=bf16), torch.zeros(1, G, 64, C, dtype=bf16),
+                         torch.zeros(1, G, 64, C, dtype=bf16), torch.ones(1, 64, dtype=torch.int32)))),
         ("mxfp8 quantize", lambda: quantize_mxfp8_triton(torch.zeros(256, D, dtype=bf16))),
         ("mxfp8 dequantize", lambda: dequantize_mxfp8_triton(w2.data[0], w2.scales[0], bf16)),
     ]
@@ -183,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     from triton.runtime.autotuner import Autotuner
     from triton.runtime.jit import JITFunction
 
+    import kernels.batch_invariant_triton
     import kernels.fp8_linear_triton
     import kernels.fused_triton
     import kernels.moe_align_triton
@@ -191,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     import kernels.mxfp8_triton
     import kernels.paged_attention_triton
 
-    modules = [kernels.fp8_linear_triton, kernels.fused_triton, kernels.moe_align_triton, kernels.moe_decode_triton, kernels.moe_triton,
+    modules = [kernels.batch_invariant_triton, kernels.fp8_linear_triton, kernels.fused_triton, kernels.moe_align_triton, kernels.moe_decode_triton, kernels.moe_triton,
                kernels.mxfp8_triton, kernels.paged_attention_triton]
     failed = 0
     for arch in args.arch or [90, 100]:

@@ -20,7 +20,9 @@ batch_invariant_ops, vLLM's and SGLang's batch-invariant modes do the same):
   after it are masked: lanes of exactly 0 weight). K/V come either as dense [B, G, L, C] or as the
   paged cache [slots, G, C] with block tables (`tables_BN`), the same arithmetic either way.
 Every grid is a function of shapes, nothing reads a device value on the host: the kernels can be
-captured in CUDA graphs.
+captured in CUDA graphs. Floating-point contraction is off (`enable_fp_fusion=False`): each multiply and
+add rounds on its own, so two compiled variants of a kernel (paged or dense keys, tile rows gathered or
+not) do the same arithmetic whatever the compiler would have fused.
 
 Under the Triton interpreter (no bfloat16 arithmetic, a truncating float32 -> bfloat16 cast) bfloat16
 tensors are handed over as int16 bits and converted with kernels/mxfp8_triton.py's nearest-even helpers,
@@ -319,7 +321,7 @@ def matmul(x: torch.Tensor, w_NK: torch.Tensor, bias_N: torch.Tensor | None = No
                 M, N, K, a.stride(0), 0, w.stride(0), 0, 0, out.stride(0),
                 A_DIV=1, GROUPED=False, MX=False, HAS_BIAS=bias_N is not None, BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK,
                 A_BITS=a_bits, W_BITS=w_bits, OUT_BITS=o_bits, F32_DOT=_f32_dot(x.dtype, w.dtype),
-                DOT=_DOT.get(x.dtype, tl.float32))
+                DOT=_DOT.get(x.dtype, tl.float32), enable_fp_fusion=False)
     return out.view(*x.shape[:-1], N)
 
 
@@ -344,7 +346,7 @@ def _grouped(a: torch.Tensor, w, pairs, out_dtype: torch.dtype, a_div: int, mx_i
             s.stride(1) if mx else 0, out.stride(0),
             A_DIV=a_div, GROUPED=True, MX=mx, HAS_BIAS=False, BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK,
             A_BITS=a_bits, W_BITS=w_bits, OUT_BITS=o_bits, F32_DOT=_f32_dot(a.dtype, data.dtype),
-            DOT=_DOT.get(a.dtype, tl.float32))
+            DOT=_DOT.get(a.dtype, tl.float32), enable_fp_fusion=False)
     return out
 
 
@@ -386,7 +388,7 @@ def weighted_sum(y_TKD: torch.Tensor, weights_TK: torch.Tensor, out_dtype: torch
         with launch("batch_invariant.weighted_sum"):
             _weighted_sum_kernel[(triton.cdiv(T, rows), triton.cdiv(D, block))](
                 y, w_k, o_k, T, D, w.stride(0), out.stride(0), TOP_K=K, BLOCK_R=rows, BLOCK_D=block,
-                W_BITS=w_bits, OUT_BITS=o_bits)
+                W_BITS=w_bits, OUT_BITS=o_bits, enable_fp_fusion=False)
     return out
 
 
@@ -401,7 +403,8 @@ def rms_norm(x: torch.Tensor, weight_D: torch.Tensor, eps: float) -> torch.Tenso
         with launch("batch_invariant.rms_norm"):
             _rms_norm_kernel[(triton.cdiv(R, _block_rows()),)](
                 x_k, w_k, o_k, R, D, eps, rows.stride(0), out.stride(0), BLOCK_R=_block_rows(),
-                BLOCK_D=triton.next_power_of_2(D), X_BITS=x_bits, W_BITS=w_bits, OUT_BITS=o_bits)
+                BLOCK_D=triton.next_power_of_2(D), X_BITS=x_bits, W_BITS=w_bits, OUT_BITS=o_bits,
+                enable_fp_fusion=False)
     return out.view(x.shape)
 
 
@@ -416,7 +419,7 @@ def log_softmax(x: torch.Tensor) -> torch.Tensor:
         with launch("batch_invariant.log_softmax"):
             _log_softmax_kernel[(triton.cdiv(R, _block_rows()),)](
                 x_k, out, R, V, rows.stride(0), out.stride(0), BLOCK_R=_block_rows(),
-                BLOCK_V=min(1024, triton.next_power_of_2(V)), X_BITS=x_bits)
+                BLOCK_V=min(1024, triton.next_power_of_2(V)), X_BITS=x_bits, enable_fp_fusion=False)
     return out.view(x.shape)
 
 
@@ -434,7 +437,7 @@ def silu_mul(g: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         with launch("batch_invariant.silu_mul"):
             _silu_mul_kernel[(triton.cdiv(R, rows), triton.cdiv(width, block))](
                 g_k, u_k, o_k, R, width, g2.stride(0), u2.stride(0), out.stride(0), BLOCK_R=rows, BLOCK_I=block,
-                BITS=bits)
+                BITS=bits, enable_fp_fusion=False)
     return out.view(g.shape)
 
 
@@ -473,5 +476,5 @@ def attention(q_BQHC: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens_BQ: t
             q.stride(0), q.stride(1), q.stride(2), *strides, out.stride(0), out.stride(1), out.stride(2),
             tables.stride(0) if paged else 0, C, BLOCK_T=block_t, BLOCK_G=block_g,
             BLOCK_C=triton.next_power_of_2(C), BLOCK_N=ATTN_BLOCK_N, PAGED=paged, Q_BITS=q_bits, KV_BITS=kv_bits,
-            F32_DOT=_f32_dot(q.dtype), DOT=_DOT.get(q.dtype, tl.float32))
+            F32_DOT=_f32_dot(q.dtype), DOT=_DOT.get(q.dtype, tl.float32), enable_fp_fusion=False)
     return out
