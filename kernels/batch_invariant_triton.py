@@ -5,7 +5,7 @@ handed, so one token's row alone and inside a batch of 32 can differ in the last
 server's decode, its chunked prefill and the trainer's whole-sequence forward disagree (serve/model/
 numerics.py). These kernels fix every reduction's order whatever the batch (Thinking Machines'
 batch_invariant_ops, vLLM's and SGLang's batch-invariant modes do the same):
-- `matmul`: x [M, K] @ w [N, K].T, fixed BLOCK_M/N/K tiles chosen per device, never per M; no split-K:
+- `matmul`: x [M, K] @ w [N, K].T, fixed BLOCK_M/N/K tiles chosen per device and weight, never per M; no split-K:
   one program walks all of K in one order, float32 accumulation, one rounding to the output dtype.
   M and the strides are not specialised (`do_not_specialize`), so M = 1 compiles to the same code.
 - `moe`: the experts as two grouped launches of that same matmul over expert-sorted tiles
@@ -49,10 +49,15 @@ ATTN_BLOCK_N = 32  # keys per attention block, on every device: the one KV split
 _DOT = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
-def tiles() -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K) of every matmul on this kind of device, never a function of M. The
-    interpreter pays per program and per op, so it gets small ones; a GPU gets wgmma-sized ones."""
-    return (16, 128, 128) if interpreting() else (64, 64, 64)
+def tiles(n: int = 1 << 30) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K) of a matmul with n output columns on this kind of device: a function of
+    the weight's shape, never of the rows (the server and the trainer multiply the same weights, so they
+    pick the same tiles). The interpreter pays per program, so it gets few large ones. A GPU gets 64-row,
+    64-deep tiles and narrower columns for narrow weights, so that a decode step's few rows still spread
+    a weight over enough programs to stream it at bandwidth (no split-K: that would cut K)."""
+    if interpreting():
+        return 16, 128, 128
+    return 64, 64 if n >= 8192 else 32 if n >= 2048 else 16, 64
 
 
 # The kernels below convert bfloat16 bits inline instead of calling small @triton.jit helpers: the
@@ -313,7 +318,7 @@ def matmul(x: torch.Tensor, w_NK: torch.Tensor, bias_N: torch.Tensor | None = No
     M, N = a.shape[0], w.shape[0]
     out = torch.empty((M, N), dtype=out_dtype or x.dtype, device=x.device)
     if M and N:
-        BM, BN, BK = tiles()
+        BM, BN, BK = tiles(N)
         (a_k, a_bits), (w_k, w_bits), (o_k, o_bits) = _bits(a), _bits(w), _bits(out)
         with launch("batch_invariant.matmul"):
             _mm_kernel[(triton.cdiv(M, BM), triton.cdiv(N, BN))](
@@ -336,7 +341,7 @@ def _grouped(a: torch.Tensor, w, pairs, out_dtype: torch.dtype, a_div: int, mx_i
     E, N, K = data.shape
     a = a if a.stride(-1) == 1 else a.contiguous()
     out = torch.empty((pairs.num_pairs, N), dtype=out_dtype, device=a.device)
-    BM, BN, BK = tiles()
+    BM, BN, BK = tiles(N)
     (a_k, a_bits), (w_k, w_bits), (o_k, o_bits) = _bits(a), _bits(data), _bits(out)
     s = w.scales.view(torch.uint8) if mx else data  # E8M0 bytes (triton has no float8_e8m0fnu)
     with launch("batch_invariant.grouped_matmul"):
