@@ -28,6 +28,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,7 +159,8 @@ def measure(*, layers: int | None = None, steps: int | None = None, group_size: 
                 f"KV release {m['sleep_s']:.3f} s / restore {m['wake_s']:.3f} s")
         del hist
         free()
-        colo = Colocated(folder, trainer, colo_cfg)  # a fresh one (the loop's is stopped): the weights as they are
+        # a fresh engine (the loop's is stopped) with a small KV cache: the disk path's second engine must fit too
+        colo = Colocated(folder, trainer, replace(colo_cfg, kv_cache_tokens=colo_cfg.max_model_len))
         try:
             comparison = compare_hand_over(colo, trainer, root, log)
             engine = {"kv_cache_bytes": colo.engine.kv_cache_bytes, "describe": colo.engine.describe()}
