@@ -279,3 +279,26 @@ def test_plan_command_shows_the_colocated_plan(tmp_path, capsys):
     assert train_main(["plan", "--model", str(tmp_path), "--gpu-memory", "141", "--colocate",
                        "--kv-cache-tokens", "5000000"]) == 1
     assert "together" in capsys.readouterr().err
+
+
+def test_copy_into_experts_blocked_for_the_cpu_kernel(tiny, tmp_path):
+    """pack_for_cpu with our C++ kernels blocks plain experts for them (kernels/moe.py block_experts)."""
+    from kernels import cpu_ext
+
+    kernels = cpu_ext.load(build_in_background=False)
+    if kernels is None:
+        pytest.skip("the CPU kernels are not built here (python -m kernels.cpu_ext)")
+    trainer = Trainer(tiny, TrainerConfig(lr=1e-2, mxfp8_experts=False))
+    step_on(trainer)
+    saved = trainer.save(tmp_path / "v1", resumable=False)
+
+    def packed(path):
+        m = load_model(path, dtype=torch.float32, quant="none")
+        m.pack_for_cpu(min_linear_elements=1, cpu_kernels=kernels)
+        return m
+
+    dst, ref = packed(tiny), packed(saved)
+    assert dst.moe_layers()[0].w13.dim() == 4  # blocked
+    copy_weights_(dst, trainer.model)
+    for moe, rmoe in zip(dst.moe_layers(), ref.moe_layers(), strict=True):
+        assert torch.equal(moe.w13, rmoe.w13) and torch.equal(moe.w2, rmoe.w2)
