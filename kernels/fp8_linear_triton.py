@@ -29,6 +29,7 @@ import triton.language as tl
 
 from kernels.backend import interpreting
 from kernels.launches import launch
+from kernels.tuning import DTYPES, lookup
 
 DECODE_MAX_ROWS = 64
 
@@ -68,11 +69,15 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def tiles(M: int, N: int, K: int, device: torch.device, interpret: bool) -> tuple[int, int, int, int, int, int]:
+def tiles(M: int, N: int, K: int, device: torch.device, interpret: bool,
+          dtype: torch.dtype = torch.bfloat16) -> tuple[int, int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) for these shapes: a function of the shapes
-    only (a captured step replays the same launch)."""
+    only (a captured step replays the same launch). The device's tuned table (kernels/tuning.py, written by
+    `bench/gpu.py --tune`) wins where it has these shapes; else the guesses below."""
     if interpret:  # the interpreter pays per program: wide tiles, but still exercise the split
         return 16, 32, 32, (2 if M <= DECODE_MAX_ROWS and K >= 64 else 1), 1, 1
+    if dtype in DTYPES and (got := lookup("fp8_linear", DTYPES[dtype], M=M, N=N, K=K)) is not None:
+        return (got["block_m"], got["block_n"], got["block_k"], got["split_k"], got["num_warps"], got["num_stages"])
     if M > DECODE_MAX_ROWS:
         return (64 if M <= 256 else 128), 128, 128, 1, 8, 3
     block_m = max(16, triton.next_power_of_2(M))
@@ -87,8 +92,10 @@ def tiles(M: int, N: int, K: int, device: torch.device, interpret: bool) -> tupl
 
 
 def fp8_linear_triton(x_MK: torch.Tensor, data_NK: torch.Tensor, scale_inv: torch.Tensor,
-                      bias_N: torch.Tensor | None = None, block: tuple[int, int] = (128, 128)) -> torch.Tensor:
-    """kernels.fp8_block.fp8_linear on 2-D x ([M, K]; the weight/scale pair checked there): [M, N] in x's dtype."""
+                      bias_N: torch.Tensor | None = None, block: tuple[int, int] = (128, 128),
+                      config: tuple[int, int, int, int, int, int] | None = None) -> torch.Tensor:
+    """kernels.fp8_block.fp8_linear on 2-D x ([M, K]; the weight/scale pair checked there): [M, N] in x's dtype.
+    `config` forces `tiles`' (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) (the tuner's sweep)."""
     M, K = x_MK.shape
     N = data_NK.shape[0]
     if K != data_NK.shape[1]:
@@ -100,7 +107,7 @@ def fp8_linear_triton(x_MK: torch.Tensor, data_NK: torch.Tensor, scale_inv: torc
     interp = interpreting()
     x_MK = x_MK if x_MK.stride(1) == 1 else x_MK.contiguous()
     data_NK, scale_inv = data_NK.contiguous(), scale_inv.float().contiguous()
-    bm, bn, bk, split, warps, stages = tiles(M, N, K, x_MK.device, interp)
+    bm, bn, bk, split, warps, stages = config or tiles(M, N, K, x_MK.device, interp, x_MK.dtype)
     while block[1] % bk:  # one scale column per step: a step must not straddle two scale blocks
         bk //= 2
     k_per_split = triton.cdiv(triton.cdiv(K, split), bk) * bk
