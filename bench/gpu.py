@@ -4,6 +4,7 @@ overheads, kernels, a training step.
     python bench/gpu.py                                 # all sections (GPU: budgeted to ~8 minutes; 3-4 on an H200)
     python bench/gpu.py --sections decode,profile --layers 24 --out /tmp/gpu
     python bench/gpu.py --quick                         # fewer batches and tokens
+    python bench/gpu.py --tune                          # first tune the decode kernels (<= 4 min), write kernels/tuned/
 
 Sections (each in its own try/except and wall-clock budget, so one failing or running long does not stop
 the rest; budgets are checked between measurements):
@@ -25,7 +26,14 @@ the rest; budgets are checked between measurements):
 - spec: speculative decoding's verify step (bench/gpu_spec.py): step time for 1..16 query tokens per
   sequence at batch 1/8/32 (MXFP8 experts, CUDA graphs), and the speedup projected from the acceptance
   bench/spec.py measured on the CPU replay of real agent traffic (random weights accept nothing).
-- kernels: bench/kernels.py's quantizer and MoE layer tables (its functions), tokens 1..4096.
+- kernels: bench/kernels.py's quantizer and MoE layer tables (its functions), tokens 1..4096; on a GPU also each
+  decode MoE kernel's bandwidth alone in a CUDA graph at 1, 8 and 32 tokens (expert codes + scales read / device
+  time, % of copy), today's kernels and what this GPU's tuned table picks (bench/gpu_tune.py).
+- tune (first, with --tune): bench/gpu_tune.py sweeps the decode kernels' configurations (MoE decode variants:
+  split-K, swap-AB, FMA GEMV, tiles; the FP8 W8A16 kernel's tiles and split) at the 30B decode step's shapes
+  (1, 8, 32, 16, 64 tokens) in graphs, within ~4 minutes, writes the winners to kernels/tuned/<gpu>.json (the
+  kernels read it at start-up, so the later sections run tuned) and reports the kernels' bandwidth with it.
+  On a CPU it runs only under TRITON_INTERPRET=1 (its test runs it at a tiny shape) and writes to --out.
 - fp8: FP8 dense layers (--quant-dense fp8, bench/gpu_fp8.py): the W8A16 kernel against bf16 F.linear at the
   q/k/v, o and LM head shapes (1..64 rows and a prefill chunk), then two engines with the same random
   weights, quant_dense none and fp8: the logit gap along a forced sequence and decode steps at batch 1/8/32.
@@ -95,10 +103,11 @@ REDUCED = dict(vocab_size=1024, hidden_size=128, intermediate_size=256, moe_inte
 # Seconds per section on a GPU; the decode section's includes the profile (they share the engines).
 # Sized from the probe that measured the first GPU figures (one H200); the whole run took 143 s there
 # on 2026-11-27 before the tests section.
-GPU_BUDGETS = {"parity": 50, "decode-mxfp8": 125, "decode-none": 70, "hf": 50, "spec": 80, "kernels": 45, "fp8": 60,
+GPU_BUDGETS = {"parity": 50, "decode-mxfp8": 125, "decode-none": 70, "hf": 50, "spec": 80, "kernels": 60, "fp8": 60,
                "train": 60, "tests": 100}
 CPU_BUDGETS = {"parity": 30, "decode-mxfp8": 50, "decode-none": 20, "hf": 15, "spec": 30, "kernels": 15, "fp8": 20,
                "train": 30, "tests": 60}
+TUNE_BUDGET = 230  # seconds of --tune's sweep (issue 51: <= 4 minutes); added to the run's budget when asked
 # The test files whose GPU paths only a GPU runs (CUDA-only tests, the Triton kernels compiled for the device);
 # on a CPU the section runs the first alone, to check that the section works.
 GPU_TEST_FILES = ("tests/kernels/test_backend.py", "tests/kernels/test_moe.py", "tests/kernels/test_mxfp8.py",
@@ -869,6 +878,14 @@ def section_kernels(plan: Plan, report: Report, deadline: float) -> None:
                 f"{row['bf16_loop_ms']:.3f} ms, mxfp8 {row['mxfp8_ms']:.3f} ms ({row['speedup']:.2f}x)")
     w13 = w2 = q13 = q2 = None
     free_memory()
+    if CUDA and budget.left() > 5:  # each decode MoE kernel alone, in a graph (the CPU runs torch paths here)
+        with guarded(report, "kernels", "moe kernel bandwidth"):
+            import gpu_tune
+
+            bw = gpu_tune.bandwidth_report(copy_bw=copy_bw, log=log)
+            sec["rows"] += bw["rows"]
+            sec["errors"] += [f"bandwidth: {f}" for f in bw["failed"]]
+            free_memory()
     table(f"quantizer ({backend}), rceil, bf16 [rows, {kb.D}] -> fp8 + E8M0; copy bandwidth {copy_bw / kb.GB:.1f} GB/s",
           [r for r in sec["rows"] if r["kind"] == "quantizer"],
           [("rows", "rows", "d"), ("ms", "ms", ".4f"), ("gb_s", "GB/s", ".1f"), ("pct_copy", "% copy", ".1f")])
@@ -876,6 +893,43 @@ def section_kernels(plan: Plan, report: Report, deadline: float) -> None:
     table(f"MoE layer E={kb.E} top-{kb.TOP_K} D={kb.D} I={kb.INTER}: MXFP8 {sec['shape']['mxfp8_path']} vs {gmm}; "
           "loop = bf16 per-expert loop; %roof: active experts' bytes / copy bandwidth; TF/s: 2*3*T*K*D*I / time",
           [r for r in sec["rows"] if r["kind"] == "moe"], kb.MOE_COLUMNS)
+    bandwidth_table([r for r in sec["rows"] if r["kind"] == "moe_kernel"])
+
+
+def bandwidth_table(rows: list[dict]) -> None:
+    if rows:
+        table("decode MoE kernels alone in a CUDA graph: expert codes + scales read / device time (issue 51: >= 60% "
+              "of copy)", rows, [("tokens", "T", "d"), ("kernel", "kernel", ""), ("which", "config", ""),
+                                 ("us", "us", ".1f"), ("expert_mb", "MB", ".1f"), ("gb_s", "GB/s", ".0f"),
+                                 ("pct_copy", "% copy", ".1f")])
+
+
+def section_tune(plan: Plan, report: Report, out: Path) -> None:
+    """--tune: bench/gpu_tune.py's sweep; on a GPU the table goes to kernels/tuned/ (commit it), else to --out."""
+    import gpu_tune
+
+    from kernels.backend import interpreting
+
+    sec = report.section("tune")
+    if not CUDA and not interpreting():
+        sec["skipped"].append("on a CPU the sweep runs the Triton kernels only under TRITON_INTERPRET=1 "
+                              "(tests/kernels/test_tuning.py runs it at a tiny shape)")
+        log("tune: skipped (no GPU, no interpreter)")
+        return
+    res = gpu_tune.run(budget_s=TUNE_BUDGET, folder=None if CUDA else out, log=log)
+    sec["rows"] += res["rows"]
+    sec["skipped"] += res["skipped"]
+    sec["table"], sec["copy_gb_s"], sec["failed_candidates"] = res["table"], res["copy_gb_s"], res["failed"]
+    table("tune: the MoE layer in a CUDA graph, today's path against the best variant (written if faster)",
+          [r for r in sec["rows"] if r["kind"] == "moe_layer"],
+          [("tokens", "T", "d"), ("default_path", "today", ""), ("default_us", "today us", ".1f"),
+           ("best", "best variant", ""), ("best_us", "best us", ".1f"), ("chosen", "written", ""),
+           ("speedup", "speedup", ".2f")])
+    bandwidth_table([r for r in sec["rows"] if r["kind"] == "moe_kernel"])
+    table("tune: FP8 W8A16 kernel (today's tiles vs the best)", [r for r in sec["rows"] if r["kind"] == "fp8"],
+          [("layer", "layer", ""), ("M", "M", "d"), ("default_us", "today us", ".1f"), ("best_us", "best us", ".1f"),
+           ("chosen", "written", ""), ("gb_s", "GB/s", ".0f")])
+    print(f"table: {res['table']} ({len(res['failed'])} candidates could not run; see the JSON)", flush=True)
 
 
 def section_fp8(plan: Plan, report: Report, deadline: float) -> None:
@@ -1083,6 +1137,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget", type=float, help="seconds for the whole run (default: the sum of the sections' budgets)")
     p.add_argument("--traces", action="store_true", help="also write the profiled steps as Chrome traces")
     p.add_argument("--threads", type=int, default=2, help="CPU mode: torch threads (default 2)")
+    p.add_argument("--tune", action="store_true",
+                   help="first sweep the decode kernels' configurations and write this GPU's table to kernels/tuned/")
     args = p.parse_args(argv)
     sections = {s.strip() for s in args.sections.split(",") if s.strip()}
     if unknown := sections - set(SECTIONS) - set(OPT_IN):
@@ -1090,13 +1146,13 @@ def main(argv: list[str] | None = None) -> int:
     plan = Plan(args)
     if not CUDA:
         torch.set_num_threads(args.threads)
-    deadline = T0 + (args.budget or sum(plan.budgets.values()) + 15)
+    deadline = T0 + (args.budget or sum(plan.budgets.values()) + 15 + (TUNE_BUDGET + 30) * args.tune)
     date = time.strftime("%Y-%m-%d")
     path = args.out / (f"gpu-{date}.json" if CUDA else f"gpu-{date}-cpu-reduced.json")
     meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "versions": versions(), "reduced_cpu_shape": plan.reduced,
             "shape": plan.shape, "sections": sorted(sections, key=(SECTIONS + OPT_IN).index), "quick": args.quick,
             "prompt_len": plan.prompt_len, "new_tokens": plan.new_tokens, "prefill_tokens": plan.prefill,
-            "warm_steps_dropped": WARM_STEPS}
+            "warm_steps_dropped": WARM_STEPS, "tune": args.tune}
     if CUDA:
         meta["device"] = torch.cuda.get_device_name()
         meta["capability"] = "sm_" + "".join(map(str, torch.cuda.get_device_capability()))
@@ -1137,6 +1193,8 @@ def main(argv: list[str] | None = None) -> int:
             report.save()
             free_memory()
 
+    if args.tune:  # first: the sections after it run with the table it writes
+        run("tune", lambda: section_tune(plan, report, args.out))
     if "parity" in sections:
         run("parity", lambda: section_parity(plan, report, deadline))
     if sections & {"decode", "profile"}:

@@ -99,6 +99,7 @@ def _cases() -> list[tuple[str, Callable[[], None]]]:
     from kernels.fused_triton import add_rms_norm_triton, qk_norm_rope_cache_triton, router_topk_triton
     from kernels.moe_align_triton import moe_align_block_size_triton
     from kernels.moe_decode_triton import fused_moe_mxfp8_decode
+    from kernels.moe_decode_variants import KernelTiles, VariantConfig, moe_decode_variant
     from kernels.moe_triton import fused_moe_mxfp8
     from kernels.mxfp8 import MXFP8Tensor
     from kernels.mxfp8_triton import dequantize_mxfp8_triton, quantize_mxfp8_triton
@@ -134,7 +135,24 @@ def _cases() -> list[tuple[str, Callable[[], None]]]:
         return lambda: fp8_linear_triton(torch.zeros(M, K, dtype=bf16), torch.zeros(N, K, dtype=torch.float8_e4m3fn),
                                          torch.ones(-(-N // 128), -(-K // 128)))
 
+    def variant(T: int, name: str, split: int, gate_up: KernelTiles, down: KernelTiles) -> Callable[[], None]:
+        ids = torch.stack([torch.randperm(E)[:K] for _ in range(T)])
+        cfg = VariantConfig(name, gate_up, down, split)
+        return lambda: moe_decode_variant(torch.zeros(T, D, dtype=bf16), ids, torch.ones(T, K, dtype=bf16), w13, w2, cfg)
+
     return [
+        # the decode MoE variants the tuner picks from (kernels/moe_decode_variants.py), at the widest tiles
+        # of its GPU candidates (bench/gpu_tune.py): split-K partials, swap-AB, the broadcast GEMV
+        ("moe decode variant dot, 1 token, split 4", variant(1, "dot", 4, KernelTiles(32, 256, 4, 4),
+                                                             KernelTiles(64, 128, 4, 2))),
+        ("moe decode variant swap, 1 token, split 8", variant(1, "swap", 8, KernelTiles(64, 256, 4, 4),
+                                                              KernelTiles(128, 64, 4, 2))),
+        ("moe decode variant fma, 4 tokens, split 2", variant(4, "fma", 2, KernelTiles(16, 256, 4, 3),
+                                                              KernelTiles(32, 256, 4, 3))),
+        ("moe decode variant dot, 64 tokens", variant(64, "dot", 1, KernelTiles(32, 128, 4, 3),
+                                                      KernelTiles(64, 128, 8, 3))),
+        ("moe decode variant swap, 32 tokens, split 2", variant(32, "swap", 2, KernelTiles(64, 128, 4, 3),
+                                                                KernelTiles(64, 128, 4, 3))),
         ("fp8 linear, o projection, 1 row (split-K)", fp8(1, D, H * C)),
         ("fp8 linear, q/k/v, 64 rows", fp8(64, (H + 2 * G) * C, D)),
         ("fp8 linear, LM head, 4096-row prefill", fp8(4096, 151936, D)),
@@ -202,11 +220,13 @@ def main(argv: list[str] | None = None) -> int:
     import kernels.fused_triton
     import kernels.moe_align_triton
     import kernels.moe_decode_triton
+    import kernels.moe_decode_variants
     import kernels.moe_triton
     import kernels.mxfp8_triton
     import kernels.paged_attention_triton
 
-    modules = [kernels.batch_invariant_triton, kernels.fp8_linear_triton, kernels.fused_triton, kernels.moe_align_triton, kernels.moe_decode_triton, kernels.moe_triton,
+    modules = [kernels.batch_invariant_triton, kernels.fp8_linear_triton, kernels.fused_triton, kernels.moe_align_triton, kernels.moe_decode_triton,
+               kernels.moe_decode_variants, kernels.moe_triton,
                kernels.mxfp8_triton, kernels.paged_attention_triton]
     failed = 0
     for arch in args.arch or [90, 100]:
