@@ -14,8 +14,11 @@ batch_invariant_ops, vLLM's and SGLang's batch-invariant modes do the same):
   (kernels/mxfp8_triton.py `mx_dot`): the values a bf16 master fake-quantized to MXFP8 holds, so the
   trainer's plain-weight forward and the server's MXFP8 one multiply the same numbers.
 - `rms_norm`, `log_softmax`, `silu_mul`: one program per row (or row slice), the row in fixed blocks.
-- `attention`: one program per (query, kv head) walks keys 0..n-1 in KV blocks of ATTN_BLOCK_N, always
-  from key 0, with an online softmax in float32 (the kv head's q heads are the rows of two dots). A token's keys are cut into the same blocks whether it is
+- `attention`: keys 0..n-1 cut into fixed KV splits of ATTN_SPLIT keys from key 0, each walked in blocks
+  of ATTN_BLOCK_N with an online softmax in float32 (the kv head's q heads are the rows of two dots), the
+  splits' partials merged in split order. Decode (one query a sequence) computes the splits in parallel
+  and merges them in a second launch; prefill and the trainer's whole sequences walk them in turn in one
+  program; both run the same split code (`_attn_split`) and the same merge, so the bits agree. A token's keys are cut into the same blocks whether it is
   decoded (n = its context), prefilled in any chunk, or scored in the trainer's whole sequence (keys
   after it are masked: lanes of exactly 0 weight). K/V come either as dense [B, G, L, C] or as the
   paged cache [slots, G, C] with block tables (`tables_BN`), the same arithmetic either way.
@@ -45,7 +48,9 @@ from kernels.moe_align import moe_align_block_size
 from kernels.mxfp8 import MXFP8Tensor
 from kernels.mxfp8_triton import mx_dot
 
-ATTN_BLOCK_N = 32  # keys per attention block, on every device: the one KV split of every token
+ATTN_BLOCK_N = 32  # keys per attention block, on every device
+ATTN_SPLIT = 64  # keys per KV split, on every device: decode runs a sequence's splits in parallel
+MAX_PARALLEL_SPLITS = 256  # caches of more than 16k keys a sequence: decode walks the splits in turn too
 _DOT = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
@@ -215,38 +220,20 @@ def _weighted_sum_kernel(y_ptr, w_ptr, out_ptr, T, D, stride_wt, stride_ot, TOP_
     tl.store(out_ptr + t_R[:, None] * stride_ot + d_D[None, :], acc.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-@triton.jit(do_not_specialize=["Q", "stride_qb", "stride_qq", "stride_kb", "stride_vb", "stride_ob", "stride_oq",
-                               "stride_tb"])
-def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, len_ptr, table_ptr, Q, GROUP, scale, page,
-                      stride_qb, stride_qq, stride_qh, stride_kb, stride_kg, stride_kl, stride_vb, stride_vg,
-                      stride_vl, stride_ob, stride_oq, stride_oh, stride_tb,
-                      C, BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr,
-                      PAGED: tl.constexpr, Q_BITS: tl.constexpr, KV_BITS: tl.constexpr, F32_DOT: tl.constexpr,
-                      DOT: tl.constexpr):
-    # Program (b, tile, g): BLOCK_T queries of sequence b times the GROUP q heads of kv head g, as the rows
-    # of the dots (a row's dot products do not depend on the other rows). Each row has its own key count.
-    b = tl.program_id(0).to(tl.int64)
-    q0 = tl.program_id(1) * BLOCK_T
-    g = tl.program_id(2)
-    r_R = tl.arange(0, BLOCK_T * BLOCK_G)
-    t_R = q0 + r_R // BLOCK_G
-    h_R = g * GROUP + r_R % BLOCK_G
-    ok_R = (t_R < Q) & (r_R % BLOCK_G < GROUP)
-    n_R = tl.load(len_ptr + b * Q + t_R, mask=ok_R, other=1)  # padding rows see key 0: no NaN, not stored
-    c_C = tl.arange(0, BLOCK_C)
-    ok_C = c_C < C
-    q_RC = tl.load(q_ptr + b * stride_qb + t_R[:, None] * stride_qq + h_R[:, None] * stride_qh + c_C[None, :],
-                   mask=ok_R[:, None] & ok_C[None, :], other=0)
-    q_RC = (q_RC.to(tl.int32) << 16).to(tl.float32, bitcast=True) if Q_BITS else q_RC.to(tl.float32)
-    m_R = tl.full((BLOCK_T * BLOCK_G,), float("-inf"), tl.float32)
-    l_R = tl.zeros((BLOCK_T * BLOCK_G,), tl.float32)
-    acc = tl.zeros((BLOCK_T * BLOCK_G, BLOCK_C), tl.float32)
-    # Always from key 0 in the same blocks; a block past a row's own count is an exact no-op for that row
-    # (its scores are -inf: alpha = 1, p = 0), so a row gets the same bits in any tile, alone or not.
-    n_max = tl.max(n_R, 0)
-    for j0 in range(0, n_max, BLOCK_N):
+@triton.jit
+def _attn_split(q_RC, n_R, k_ptr, v_ptr, table_ptr, b, g, j_lo, j_hi, page, scale,
+                stride_kb, stride_kg, stride_kl, stride_vb, stride_vg, stride_vl, stride_tb, c_C, ok_C,
+                BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr,
+                KV_BITS: tl.constexpr, F32_DOT: tl.constexpr, DOT: tl.constexpr):
+    """One KV split's partial softmax for the rows q_RC: (max, sum of exp, sum of exp * v) over keys
+    j_lo <= j < j_hi that each row may see (j < n_R), walked in BLOCK_N blocks from j_lo. The one
+    definition both attention paths run, so a split's partial is the same bits in either."""
+    m_R = tl.full((BLOCK_R,), float("-inf"), tl.float32)
+    l_R = tl.zeros((BLOCK_R,), tl.float32)
+    acc = tl.zeros((BLOCK_R, BLOCK_C), tl.float32)
+    for j0 in range(j_lo, j_hi, BLOCK_N):
         j_N = j0 + tl.arange(0, BLOCK_N)
-        ok_N = j_N < n_max
+        ok_N = j_N < j_hi
         if PAGED:  # key j of sequence b sits in slot tables[b, j // page] * page + j % page
             blk = tl.load(table_ptr + b * stride_tb + j_N // page, mask=ok_N, other=0).to(tl.int64)
             slot = blk * page + j_N % page
@@ -270,8 +257,9 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, len_ptr, table_ptr, Q, GROUP, 
             s_RN = tl.dot(q_RC.to(DOT), tl.trans(k_NC.to(DOT)))
         s_RN = tl.where(j_N[None, :] < n_R[:, None], s_RN * scale, float("-inf"))
         m_new = tl.maximum(m_R, tl.max(s_RN, 1))
-        alpha = tl.exp(m_R - m_new)
-        p_RN = tl.exp(s_RN - m_new[:, None])
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no visible key yet: factors 0, not -inf - -inf
+        alpha = tl.exp(m_R - m_safe)
+        p_RN = tl.exp(s_RN - m_safe[:, None])
         l_R = l_R * alpha + tl.sum(p_RN, 1)
         if F32_DOT:
             pv = tl.dot(p_RN, v_NC, input_precision="ieee")
@@ -279,12 +267,128 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, len_ptr, table_ptr, Q, GROUP, 
             pv = tl.dot(p_RN.to(DOT), v_NC.to(DOT))
         acc = acc * alpha[:, None] + pv
         m_R = m_new
-    o = acc / tl.where(l_R > 0, l_R, 1.0)[:, None]  # a row with no key (a padding row): zeros, not NaN
-    if Q_BITS:
+    return m_R, l_R, acc
+
+
+@triton.jit
+def _attn_rows(len_ptr, b, q0, g, Q, GROUP, BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr):
+    """A program's rows: BLOCK_T queries of sequence b times the GROUP q heads of kv head g (the rows of the
+    dots; a row's dot products do not depend on the other rows), each with its own key count."""
+    r_R = tl.arange(0, BLOCK_T * BLOCK_G)
+    t_R = q0 + r_R // BLOCK_G
+    h_R = g * GROUP + r_R % BLOCK_G
+    ok_R = (t_R < Q) & (r_R % BLOCK_G < GROUP)
+    n_R = tl.load(len_ptr + b * Q + t_R, mask=ok_R, other=0)
+    return t_R, h_R, ok_R, n_R
+
+
+@triton.jit
+def _attn_store(o_ptr, o, b, t_R, h_R, ok_R, c_C, ok_C, stride_ob, stride_oq, stride_oh, O_BITS: tl.constexpr):
+    if O_BITS:
         bits = o.to(tl.int32, bitcast=True)
         o = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).to(tl.int16)
     tl.store(o_ptr + b * stride_ob + t_R[:, None] * stride_oq + h_R[:, None] * stride_oh + c_C[None, :],
              o.to(o_ptr.dtype.element_ty), mask=ok_R[:, None] & ok_C[None, :])
+
+
+@triton.jit(do_not_specialize=["Q", "stride_qb", "stride_qq", "stride_kb", "stride_vb", "stride_ob", "stride_oq",
+                               "stride_tb"])
+def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, len_ptr, table_ptr, Q, GROUP, scale, page,
+                      stride_qb, stride_qq, stride_qh, stride_kb, stride_kg, stride_kl, stride_vb, stride_vg,
+                      stride_vl, stride_ob, stride_oq, stride_oh, stride_tb,
+                      C, SPLIT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr,
+                      BLOCK_N: tl.constexpr, PAGED: tl.constexpr, Q_BITS: tl.constexpr, KV_BITS: tl.constexpr,
+                      F32_DOT: tl.constexpr, DOT: tl.constexpr):
+    # Program (b, tile, g): every KV split of its rows in turn, each split's partial merged in split order
+    # (what _attention_combine_kernel does with the partials _attention_split_kernel writes in parallel).
+    b = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(2)
+    t_R, h_R, ok_R, n_R = _attn_rows(len_ptr, b, tl.program_id(1) * BLOCK_T, g, Q, GROUP, BLOCK_T, BLOCK_G)
+    c_C = tl.arange(0, BLOCK_C)
+    ok_C = c_C < C
+    q_RC = tl.load(q_ptr + b * stride_qb + t_R[:, None] * stride_qq + h_R[:, None] * stride_qh + c_C[None, :],
+                   mask=ok_R[:, None] & ok_C[None, :], other=0)
+    q_RC = (q_RC.to(tl.int32) << 16).to(tl.float32, bitcast=True) if Q_BITS else q_RC.to(tl.float32)
+    big_m = tl.full((BLOCK_T * BLOCK_G,), float("-inf"), tl.float32)
+    big_l = tl.zeros((BLOCK_T * BLOCK_G,), tl.float32)
+    big_a = tl.zeros((BLOCK_T * BLOCK_G, BLOCK_C), tl.float32)
+    n_max = tl.max(n_R, 0)
+    for s0 in range(0, n_max, SPLIT):  # a split past a row's own count is an exact no-op for that row
+        m_R, l_R, acc = _attn_split(q_RC, n_R, k_ptr, v_ptr, table_ptr, b, g, s0, tl.minimum(s0 + SPLIT, n_max),
+                                    page, scale, stride_kb, stride_kg, stride_kl, stride_vb, stride_vg, stride_vl,
+                                    stride_tb, c_C, ok_C, BLOCK_T * BLOCK_G, BLOCK_C, BLOCK_N, PAGED, KV_BITS,
+                                    F32_DOT, DOT)
+        m_new = tl.maximum(big_m, m_R)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        a = tl.exp(big_m - m_safe)
+        c = tl.exp(m_R - m_safe)
+        big_l = big_l * a + l_R * c
+        big_a = big_a * a[:, None] + acc * c[:, None]
+        big_m = m_new
+    _attn_store(o_ptr, big_a / tl.where(big_l > 0, big_l, 1.0)[:, None], b, t_R, h_R, ok_R, c_C, ok_C,
+                stride_ob, stride_oq, stride_oh, Q_BITS)
+
+
+@triton.jit(do_not_specialize=["Q", "stride_qb", "stride_qq", "stride_kb", "stride_vb", "stride_tb"])
+def _attention_split_kernel(q_ptr, k_ptr, v_ptr, m_ptr, l_ptr, a_ptr, len_ptr, table_ptr, Q, GROUP, scale, page,
+                            stride_qb, stride_qq, stride_qh, stride_kb, stride_kg, stride_kl, stride_vb, stride_vg,
+                            stride_vl, stride_tb, H, S,
+                            C, SPLIT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_G: tl.constexpr,
+                            BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, Q_BITS: tl.constexpr,
+                            KV_BITS: tl.constexpr, F32_DOT: tl.constexpr, DOT: tl.constexpr):
+    # Program (b, tile, g * S + split): one split's partial, into m/l [B, Q, H, S] and a [B, Q, H, S, C].
+    # Decode only (Q = 1): a split past the sequence's keys writes nothing (the combine stops before it).
+    b = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(2) // S
+    sp = tl.program_id(2) % S
+    if sp * SPLIT >= tl.load(len_ptr + b * Q):
+        return
+    t_R, h_R, ok_R, n_R = _attn_rows(len_ptr, b, tl.program_id(1) * BLOCK_T, g, Q, GROUP, BLOCK_T, BLOCK_G)
+    c_C = tl.arange(0, BLOCK_C)
+    ok_C = c_C < C
+    q_RC = tl.load(q_ptr + b * stride_qb + t_R[:, None] * stride_qq + h_R[:, None] * stride_qh + c_C[None, :],
+                   mask=ok_R[:, None] & ok_C[None, :], other=0)
+    q_RC = (q_RC.to(tl.int32) << 16).to(tl.float32, bitcast=True) if Q_BITS else q_RC.to(tl.float32)
+    n_max = tl.max(n_R, 0)
+    s0 = sp * SPLIT  # past every row's count: the loop runs no block and the partial is the empty one
+    m_R, l_R, acc = _attn_split(q_RC, n_R, k_ptr, v_ptr, table_ptr, b, g, s0, tl.minimum(s0 + SPLIT, n_max),
+                                page, scale, stride_kb, stride_kg, stride_kl, stride_vb, stride_vg, stride_vl,
+                                stride_tb, c_C, ok_C, BLOCK_T * BLOCK_G, BLOCK_C, BLOCK_N, PAGED, KV_BITS,
+                                F32_DOT, DOT)
+    idx_R = ((b * Q + t_R) * H + h_R) * S + sp
+    tl.store(m_ptr + idx_R, m_R, mask=ok_R)
+    tl.store(l_ptr + idx_R, l_R, mask=ok_R)
+    tl.store(a_ptr + idx_R[:, None] * C + c_C[None, :], acc, mask=ok_R[:, None] & ok_C[None, :])
+
+
+@triton.jit(do_not_specialize=["Q", "stride_ob", "stride_oq"])
+def _attention_combine_kernel(m_ptr, l_ptr, a_ptr, o_ptr, len_ptr, Q, GROUP, H, S,
+                              stride_ob, stride_oq, stride_oh, C, SPLIT: tl.constexpr, BLOCK_T: tl.constexpr,
+                              BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr, O_BITS: tl.constexpr):
+    # Program (b, tile, g): the S partials merged in split order, as _attention_kernel merges them.
+    b = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(2)
+    t_R, h_R, ok_R, n_R = _attn_rows(len_ptr, b, tl.program_id(1) * BLOCK_T, g, Q, GROUP, BLOCK_T, BLOCK_G)
+    c_C = tl.arange(0, BLOCK_C)
+    ok_C = c_C < C
+    big_m = tl.full((BLOCK_T * BLOCK_G,), float("-inf"), tl.float32)
+    big_l = tl.zeros((BLOCK_T * BLOCK_G,), tl.float32)
+    big_a = tl.zeros((BLOCK_T * BLOCK_G, BLOCK_C), tl.float32)
+    base_R = ((b * Q + t_R) * H + h_R) * S
+    for sp in range(0, tl.cdiv(tl.max(n_R, 0), SPLIT)):  # the splits that hold keys; the rest are empty
+        m_R = tl.load(m_ptr + base_R + sp, mask=ok_R, other=float("-inf"))
+        l_R = tl.load(l_ptr + base_R + sp, mask=ok_R, other=0.0)
+        acc = tl.load(a_ptr + (base_R + sp)[:, None] * C + c_C[None, :], mask=ok_R[:, None] & ok_C[None, :],
+                      other=0.0)
+        m_new = tl.maximum(big_m, m_R)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        a = tl.exp(big_m - m_safe)
+        c = tl.exp(m_R - m_safe)
+        big_l = big_l * a + l_R * c
+        big_a = big_a * a[:, None] + acc * c[:, None]
+        big_m = m_new
+    _attn_store(o_ptr, big_a / tl.where(big_l > 0, big_l, 1.0)[:, None], b, t_R, h_R, ok_R, c_C, ok_C,
+                stride_ob, stride_oq, stride_oh, O_BITS)
 
 
 # ---------------------------------------------------------------- wrappers
@@ -475,11 +579,31 @@ def attention(q_BQHC: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens_BQ: t
     # rows of a dot: BLOCK_T queries x the group's heads, at least 16 on a GPU (tl.dot's smallest M)
     block_g = triton.next_power_of_2(group)
     block_t = max(1, 16 // block_g)
-    with launch("batch_invariant.attention"):
-        _attention_kernel[(B, triton.cdiv(Q, block_t), G)](
-            q_k, k_k, v_k, o_k, lens, tables, Q, group, C ** -0.5, max(page, 1),
-            q.stride(0), q.stride(1), q.stride(2), *strides, out.stride(0), out.stride(1), out.stride(2),
-            tables.stride(0) if paged else 0, C, BLOCK_T=block_t, BLOCK_G=block_g,
-            BLOCK_C=triton.next_power_of_2(C), BLOCK_N=ATTN_BLOCK_N, PAGED=paged, Q_BITS=q_bits, KV_BITS=kv_bits,
-            F32_DOT=_f32_dot(q.dtype), DOT=_DOT.get(q.dtype, tl.float32), enable_fp_fusion=False)
+    grid = (B, triton.cdiv(Q, block_t), G)
+    common = dict(BLOCK_T=block_t, BLOCK_G=block_g, BLOCK_C=triton.next_power_of_2(C))
+    kernel = dict(SPLIT=ATTN_SPLIT, BLOCK_N=ATTN_BLOCK_N, PAGED=paged, Q_BITS=q_bits, KV_BITS=kv_bits,
+                  F32_DOT=_f32_dot(q.dtype), DOT=_DOT.get(q.dtype, tl.float32), **common)
+    splits = triton.cdiv(tables_BN.shape[1] * page if paged else k.shape[2], ATTN_SPLIT)
+    # The two paths give the same bits (the same split code and merge), so the choice is only speed: a
+    # decode step's sequences run their splits in parallel unless the cache is so long that the partials'
+    # buffer ([B, H, splits, C] float32) and the mostly idle programs past short sequences cost more.
+    if Q > 1 or splits == 1 or splits > MAX_PARALLEL_SPLITS:  # prefill, whole sequences: splits in turn
+        with launch("batch_invariant.attention"):
+            _attention_kernel[grid](
+                q_k, k_k, v_k, o_k, lens, tables, Q, group, C ** -0.5, max(page, 1),
+                q.stride(0), q.stride(1), q.stride(2), *strides, out.stride(0), out.stride(1), out.stride(2),
+                tables.stride(0) if paged else 0, C, **kernel, enable_fp_fusion=False)
+        return out
+    # decode (one query a sequence): the splits in parallel, then merged in the same order
+    m = torch.empty((B, Q, H, splits), dtype=torch.float32, device=q.device)
+    lsum, acc = torch.empty_like(m), torch.empty((B, Q, H, splits, C), dtype=torch.float32, device=q.device)
+    with launch("batch_invariant.attention_splits"):
+        _attention_split_kernel[(B, grid[1], G * splits)](
+            q_k, k_k, v_k, m, lsum, acc, lens, tables, Q, group, C ** -0.5, max(page, 1),
+            q.stride(0), q.stride(1), q.stride(2), *strides, tables.stride(0) if paged else 0, H, splits, C,
+            **kernel, enable_fp_fusion=False)
+    with launch("batch_invariant.attention_combine"):
+        _attention_combine_kernel[grid](m, lsum, acc, o_k, lens, Q, group, H, splits, out.stride(0), out.stride(1),
+                                        out.stride(2), C, SPLIT=ATTN_SPLIT, O_BITS=q_bits, **common,
+                                        enable_fp_fusion=False)
     return out

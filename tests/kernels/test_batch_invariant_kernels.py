@@ -103,7 +103,7 @@ def test_attention_decode_prefill_and_whole_sequence_agree(device, dtype):
     """One query's output is the same bits whether it is scored with its whole sequence (the trainer),
     as one query of a prefill chunk, or decoded alone from the paged cache among other sequences."""
     g = torch.Generator().manual_seed(4)
-    B, L, H, G, C, page = 3, 70, 4, 2, 16, 8  # 70 keys: three KV blocks, the last one partial
+    B, L, H, G, C, page = 3, 70, 4, 2, 16, 8  # 70 keys: two KV splits (64 + 6), three 32-key blocks
     q = torch.randn(B, L, H, C, generator=g).to(device, dtype)
     k = torch.randn(B, G, L, C, generator=g).to(device, dtype)
     v = torch.randn(B, G, L, C, generator=g).to(device, dtype)
@@ -113,7 +113,7 @@ def test_attention_decode_prefill_and_whole_sequence_agree(device, dtype):
     # a prefill chunk: queries 40..55 of sequence 1 after 40 cached keys
     chunk = bi.attention(q[1:2, 40:56], k[1:2], v[1:2], causal[1:2, 40:56])
     assert torch.equal(chunk[0], whole[1, 40:56])
-    # decode: the last query of each sequence, keys in a shuffled paged cache
+    # decode (splits in parallel, then merged): the last query of each sequence, keys in a shuffled paged cache
     blocks = torch.randperm(32, generator=g)[:B * (L // page + 1)].view(B, -1).to(device, torch.int32)
     j = torch.arange(L, device=device)
     slots = blocks.long()[:, j // page] * page + j % page
