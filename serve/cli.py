@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--batch-invariant", action="store_true",
                    help="a sequence's logits do not depend on the rest of the batch, on chunked prefill or on the "
                         "prefill/decode split: its log-probs are a function of its token ids, which composer-train "
-                        "reproduces bit for bit (float64 sums on the torch paths: slower)")
+                        "reproduces bit for bit (slower: fixed-order Triton kernels on a GPU, float64 sums on a CPU)")
     n.add_argument("--speculative", choices=list(SPEC_METHODS), default="off",
                    help="speculative decoding from text the server already has, no draft model: suffix (the "
                         "request's prompt and output and recent requests' outputs, frequency-weighted), ngram "
