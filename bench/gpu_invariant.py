@@ -1,14 +1,14 @@
 """bench/gpu.py's `invariant` section: the fixed-order batch-invariant mode (serve/model/numerics.py,
 kernels/batch_invariant_triton.py) against the default engine, on the device.
 
-- decode: ms per decode step at batch 1/8/32, the default engine (MXFP8 experts; on a GPU the static step in CUDA graphs)
-  and the batch-invariant one (`batch_invariant="fixed"`, what True picks on a GPU; eager, experts MXFP8 dequantized
-  in registers) side by side, and the ratio (the goal: <= 1.5x). Same shape, same random weights.
+- decode: ms per decode step at batch 1/8/32, the default engine and the batch-invariant one
+  (`batch_invariant="fixed"`, what True picks on a GPU; experts MXFP8, dequantized in registers), both
+  through the static decode step in CUDA graphs on a GPU, side by side, and the ratio (the goal: <= 1.5x).
+  Same shape, same random weights.
 - bitwise, in bfloat16 on the device: greedy tokens and log-probs of one prompt decoded alone equal those
-  of the same prompt decoded among 7 others (chunked prefill: max_batched_tokens below the batch's
-  prompts); the model's whole-sequence forward (the trainer's `forward_train`, same kernels) gives the
-  decode steps' log-probs bit for bit; and that forward captured in a CUDA graph replays to the same bits
-  (the kernels live in graphs: static shapes, no host sync).
+  of the same prompt decoded among 7 others; the model's whole-sequence forward (the trainer's
+  `forward_train`, same kernels) gives the decode steps' log-probs bit for bit; and that forward captured
+  in a CUDA graph replays to the same bits.
 
 The shape is the Qwen3-30B-A3B one at LAYERS layers (random weights made on the device), to fit the
 section's budget; on a CPU (REDUCED shape) the fixed kernels run only under TRITON_INTERPRET=1 (tests do
