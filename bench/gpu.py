@@ -114,7 +114,7 @@ GPU_TEST_FILES = ("tests/kernels/test_backend.py", "tests/kernels/test_moe.py", 
                   "tests/kernels/test_mxfp8_linear.py", "tests/kernels/test_moe_align.py",
                   "tests/kernels/test_moe_grouped.py", "tests/kernels/test_fused.py",
                   "tests/kernels/test_paged_attention_triton.py", "tests/kernels/test_fp8_linear.py",
-                  "tests/serve/test_static_decode.py",
+                  "tests/kernels/test_batch_invariant_kernels.py", "tests/serve/test_static_decode.py",
                   "tests/serve/test_speculative.py")
 WARM_STEPS = 2  # decode steps dropped at each batch: first replays, allocator growth
 
