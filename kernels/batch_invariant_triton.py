@@ -407,8 +407,11 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
 
 
-def _f32_dot(*dtypes: torch.dtype) -> bool:
-    return interpreting() or torch.float32 in dtypes
+def _f32_dot(activations: torch.dtype) -> bool:
+    """float32 MMA (ieee) for float32 activations or under the interpreter; else the activations' dtype,
+    weights cast to it: float32 weights that hold bf16 values (the trainer's fake-quantized MXFP8 masters)
+    then multiply exactly as the server's MXFP8 experts dequantized in registers do."""
+    return interpreting() or activations == torch.float32
 
 
 def matmul(x: torch.Tensor, w_NK: torch.Tensor, bias_N: torch.Tensor | None = None,
@@ -429,7 +432,7 @@ def matmul(x: torch.Tensor, w_NK: torch.Tensor, bias_N: torch.Tensor | None = No
                 a_k, w_k, w_k, bias_N if bias_N is not None else w_k, o_k, a_k, a_k, a_k,
                 M, N, K, a.stride(0), 0, w.stride(0), 0, 0, out.stride(0),
                 A_DIV=1, GROUPED=False, MX=False, HAS_BIAS=bias_N is not None, BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK,
-                A_BITS=a_bits, W_BITS=w_bits, OUT_BITS=o_bits, F32_DOT=_f32_dot(x.dtype, w.dtype),
+                A_BITS=a_bits, W_BITS=w_bits, OUT_BITS=o_bits, F32_DOT=_f32_dot(x.dtype),
                 DOT=_DOT.get(x.dtype, tl.float32), enable_fp_fusion=False)
     return out.view(*x.shape[:-1], N)
 
@@ -454,7 +457,7 @@ def _grouped(a: torch.Tensor, w, pairs, out_dtype: torch.dtype, a_div: int, mx_i
             pairs.num_pairs, N, K, a.stride(0), data.stride(0), data.stride(1), s.stride(0) if mx else 0,
             s.stride(1) if mx else 0, out.stride(0),
             A_DIV=a_div, GROUPED=True, MX=mx, HAS_BIAS=False, BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK,
-            A_BITS=a_bits, W_BITS=w_bits, OUT_BITS=o_bits, F32_DOT=_f32_dot(a.dtype, data.dtype),
+            A_BITS=a_bits, W_BITS=w_bits, OUT_BITS=o_bits, F32_DOT=_f32_dot(a.dtype),
             DOT=_DOT.get(a.dtype, tl.float32), enable_fp_fusion=False)
     return out
 
