@@ -5,8 +5,8 @@ handed, so one token's row alone and inside a batch of 32 can differ in the last
 server's decode, its chunked prefill and the trainer's whole-sequence forward disagree (serve/model/
 numerics.py). These kernels fix every reduction's order whatever the batch (Thinking Machines'
 batch_invariant_ops, vLLM's and SGLang's batch-invariant modes do the same):
-- `matmul`: x [M, K] @ w [N, K].T, fixed BLOCK_M/N/K tiles chosen per device and weight, never per M; no split-K:
-  one program walks all of K in one order, float32 accumulation, one rounding to the output dtype.
+- `matmul`: x [M, K] @ w [N, K].T, fixed BLOCK_M/N/K tiles chosen per device and weight, never per M;
+  no split-K: one program walks all of K in one order, float32 accumulation, one rounding at the end.
   M and the strides are not specialised (`do_not_specialize`), so M = 1 compiles to the same code.
 - `moe`: the experts as two grouped launches of that same matmul over expert-sorted tiles
   (kernels/moe_align.py: static shapes, no host sync), silu(gate) * up per row, and the router-weighted
@@ -18,10 +18,11 @@ batch_invariant_ops, vLLM's and SGLang's batch-invariant modes do the same):
   of ATTN_BLOCK_N with an online softmax in float32 (the kv head's q heads are the rows of two dots), the
   splits' partials merged in split order. Decode (one query a sequence) computes the splits in parallel
   and merges them in a second launch; prefill and the trainer's whole sequences walk them in turn in one
-  program; both run the same split code (`_attn_split`) and the same merge, so the bits agree. A token's keys are cut into the same blocks whether it is
-  decoded (n = its context), prefilled in any chunk, or scored in the trainer's whole sequence (keys
-  after it are masked: lanes of exactly 0 weight). K/V come either as dense [B, G, L, C] or as the
-  paged cache [slots, G, C] with block tables (`tables_BN`), the same arithmetic either way.
+  program; both run the same split code (`_attn_split`) and the same merge, so the bits agree. A token's
+  keys are cut into the same splits and blocks whether it is decoded (n = its context), prefilled in any
+  chunk, or scored in the trainer's whole sequence (keys after it are masked: lanes of exactly 0 weight).
+  K/V come either as dense [B, G, L, C] or as the paged cache [slots, G, C] with block tables
+  (`tables_BN`), the same arithmetic either way.
 Every grid is a function of shapes, nothing reads a device value on the host: the kernels can be
 captured in CUDA graphs. Floating-point contraction is off (`enable_fp_fusion=False`): each multiply and
 add rounds on its own, so two compiled variants of a kernel (paged or dense keys, tile rows gathered or
@@ -31,9 +32,10 @@ Under the Triton interpreter (no bfloat16 arithmetic, a truncating float32 -> bf
 tensors are handed over as int16 bits and converted with kernels/mxfp8_triton.py's nearest-even helpers,
 and dots run in float32 (exact for products of bfloat16 values; on a GPU bf16 MMA with float32 accumulate).
 
-Limits: tiles are fixed guesses, not tuned (the point is that they do not move); attention runs one
-query per program (memory-bound decode is fine; a long prefill re-reads its keys per query); MXFP8 experts with
-a float16 model are dequantized per call (mx_dot multiplies in bfloat16); rows of -inf only give NaN.
+Limits: tiles are fixed guesses, not tuned (the point is that they do not move); attention's programs
+hold 16 (query, head) rows, so a long prefill re-reads its keys for every 16 rows, and decode's parallel
+splits stop at MAX_PARALLEL_SPLITS (longer caches walk them in turn); MXFP8 experts with a float16
+model are dequantized per call (mx_dot multiplies in bfloat16); rows of -inf only give NaN.
 """
 
 from __future__ import annotations
