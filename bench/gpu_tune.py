@@ -20,7 +20,7 @@ layer alone (the step's other kernels do not compete). Bandwidth = bytes of expe
 the launch's active experts hold (each read once; activations and outputs left out: < 1% at these shapes) /
 that time, and % of this GPU's copy bandwidth measured in the same run.
 
-The sweep stops at its budget (default 230 s): shapes not reached keep no entry (the defaults). On a CPU
+The sweep stops at its budget (default 210 s): shapes not reached keep no entry (the defaults). On a CPU
 (tests only) it runs under TRITON_INTERPRET=1 at a tiny shape with a tiny candidate list and wall-clock
 timing: a check of the code path, no figure about any GPU.
 """
@@ -473,7 +473,7 @@ def _commit() -> str | None:
         return None
 
 
-def run(budget_s: float = 230.0, shape: Shape | None = None, cands: Candidates | None = None,
+def run(budget_s: float = 210.0, shape: Shape | None = None, cands: Candidates | None = None,
         folder: Path | None = None, device_name: str | None = None, log=print) -> dict:
     """Sweep, write the table (GPU: kernels/tuned/; else `folder`, required), report. Returns
     {"rows", "table" (its path), "skipped", "failed", "seconds", "copy_gb_s"}."""

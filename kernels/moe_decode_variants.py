@@ -48,11 +48,13 @@ MODES = {"dot": 0, "swap": 1, "fma": 2}
 
 @triton.jit
 def _w_tile(w_ptr, s_ptr, n_N, ok_N, k0, k_end, stride_wn, stride_sn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """float32 [BLOCK_N, BLOCK_K]: MXFP8 rows n_N, columns k0.. (k0 a multiple of 32), zero from k_end on."""
-    k_K = k0 + tl.arange(0, BLOCK_K)
+    """float32 [BLOCK_N, BLOCK_K]: MXFP8 rows n_N, columns k0.. (k0 a multiple of BLOCK_K), zero from k_end on.
+    The hints say that a tile's columns start at a multiple of its width (the split's k_end is a runtime
+    minimum): compiled as the launcher specialises the arguments, codes arrive in 16-byte cp.async copies."""
+    k_K = tl.max_contiguous(tl.multiple_of(k0 + tl.arange(0, BLOCK_K), BLOCK_K), BLOCK_K)
     w_NK = tl.load(w_ptr + n_N[:, None] * stride_wn + k_K[None, :], mask=ok_N[:, None] & (k_K < k_end)[None, :],
                    other=0.0)
-    g_G = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+    g_G = tl.max_contiguous(tl.multiple_of(k0 // 32 + tl.arange(0, BLOCK_K // 32), BLOCK_K // 32), BLOCK_K // 32)
     s_NG = tl.load(s_ptr + n_N[:, None] * stride_sn + g_G[None, :],
                    mask=ok_N[:, None] & (g_G < k_end // 32)[None, :], other=127)
     return tl.reshape(tl.reshape(w_NK.to(tl.float32), (BLOCK_N, BLOCK_K // 32, 32))
