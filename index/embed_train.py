@@ -1,0 +1,210 @@
+"""Fine-tune a sentence-transformers bi-encoder on mined (query, definition, hard negative) pairs.
+
+Plain torch on CPU: each step encodes a batch of queries, their definitions and one hard negative per
+query, and minimises the in-batch contrastive loss (MultipleNegativesRankingLoss: query i must score
+its own definition above the batch's other definitions and every hard negative; cosine x SCALE,
+cross-entropy). AdamW with linear warm-up and decay. A wall-clock budget ends training early (the
+schedule is laid out for the planned steps, so an early stop leaves a higher learning rate: the
+report says so). The model scored best by `evaluate` (the development halves, never a test half) is
+what is saved, together with the curve.
+
+Export: `export_fp16` writes the weights as float16 safetensors (half of float32's 90 MB), which
+`embed.py` reads back into float32 (NumPy for queries, torch for indexing).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+SCALE = 20.0  # sentence-transformers' MultipleNegativesRankingLoss default
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How the embedder is trained. Every field is recorded next to the model."""
+
+    seed: int = 55
+    epochs: int = 1
+    batch: int = 32  # queries per step: each sees 2*batch-1 negatives
+    lr: float = 5e-5
+    warmup: float = 0.1  # share of the planned steps
+    max_seq: int = 128  # wordpieces per text while training (queries are shorter)
+    threads: int = 2
+    budget_min: float = 36.0  # wall-clock minutes for the steps (evaluations excluded)
+    hard_negatives: bool = True
+    # Matrix products in bfloat16 (autocast; float32 master weights) where the CPU has native bf16
+    # units (AVX512-BF16/AMX); elsewhere float32.
+    bf16: bool = True
+    freeze_embeddings: bool = True  # the word-piece table (12 M of 23 M weights) stays MiniLM's
+    evals_per_epoch: int = 2  # points on the development curve per epoch (besides epoch 0)
+
+    def __post_init__(self):
+        if self.epochs < 1 or self.batch < 2 or not 0 < self.lr < 1 or not 0 <= self.warmup < 1:
+            raise ValueError(f"bad recipe: {self}")
+        if not 16 <= self.max_seq <= 512 or self.threads < 1 or self.budget_min <= 0:
+            raise ValueError(f"bad recipe: {self}")
+
+
+def contrastive_loss(q, p, n=None):
+    """MultipleNegativesRankingLoss on unit vectors: q [B, D], p [B, D], n [B, D] or None."""
+    import torch
+
+    cands = p if n is None else torch.cat([p, n])  # [B or 2B, D]
+    scores = SCALE * q @ cands.T  # [B, C]
+    return torch.nn.functional.cross_entropy(scores, torch.arange(len(q)))
+
+
+def train(model, pairs: Sequence, recipe: Recipe, out: Path,
+          evaluate: Callable[[object], dict[str, float]], *, log=print) -> dict:
+    """Train `model` (a SentenceTransformer) on `pairs` (objects with query/positive/negative).
+    `evaluate(model)` returns {"MRR@10": ...} on the development set; it runs before training and
+    after every epoch. The best model goes to `out/best`; the curve to `out/curve.json`."""
+    import torch
+
+    torch.manual_seed(recipe.seed)
+    random.seed(recipe.seed)
+    torch.set_num_threads(recipe.threads)
+    model.max_seq_length = recipe.max_seq
+    rng = random.Random(recipe.seed)
+    order = list(range(len(pairs)))
+    steps_per_epoch = len(pairs) // recipe.batch
+    if steps_per_epoch == 0:
+        raise ValueError(f"{len(pairs)} pairs: fewer than one batch of {recipe.batch}")
+    total = steps_per_epoch * recipe.epochs
+    if recipe.freeze_embeddings:
+        for name, prm in model.named_parameters():
+            if "word_embeddings" in name:
+                prm.requires_grad_(False)
+    opt = torch.optim.AdamW([x for x in model.parameters() if x.requires_grad], lr=recipe.lr,
+                            weight_decay=0.01)
+    from index.embed import _bf16_is_native
+
+    use_bf16 = recipe.bf16 and _bf16_is_native()
+    log(f"{len(pairs)} pairs, {total} steps of {recipe.batch}, "
+        f"{'bfloat16 autocast' if use_bf16 else 'float32'}, {recipe.threads} threads")
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_at(s, total, recipe.warmup))
+    curve = []
+
+    def checkpoint(epoch: float, step: int, loss: float | None) -> None:
+        model.eval()
+        t = time.monotonic()
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
+            res = evaluate(model)  # in the dtype the index embeds with on this CPU
+        model.max_seq_length = recipe.max_seq
+        curve.append({"epoch": epoch, "step": step, "loss": loss, **res, "eval_s": time.monotonic() - t})
+        log(f"epoch {epoch:g} step {step}: dev " + ", ".join(f"{k} {v:.1f}" for k, v in res.items())
+            + (f", train loss {loss:.3f}" if loss is not None else ""))
+        best = max(c["MRR@10"] for c in curve)
+        if res["MRR@10"] >= best and epoch > 0:
+            model.save(str(out / "best"))
+        (out / "curve.json").write_text(json.dumps({"recipe": asdict(recipe), "pairs": len(pairs),
+                                                    "curve": curve}, indent=1))
+        model.train()
+
+    # Steps (within an epoch) after which the development set is scored; the last is the epoch's end.
+    marks = [round(steps_per_epoch * (i + 1) / recipe.evals_per_epoch) for i in range(recipe.evals_per_epoch)]
+    out.mkdir(parents=True, exist_ok=True)
+    checkpoint(0, 0, None)
+    t0 = time.monotonic()
+    spent = 0.0  # seconds of training steps, evaluations excluded
+    step = 0
+    stopped = False
+    for epoch in range(1, recipe.epochs + 1):
+        rng.shuffle(order)
+        losses = []
+        for b in range(steps_per_epoch):
+            ts = time.monotonic()
+            batch = [pairs[i] for i in order[b * recipe.batch:(b + 1) * recipe.batch]]
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
+                q = _embed(model, [x.query for x in batch])
+                p = _embed(model, [x.positive for x in batch])
+                n = _embed(model, [x.negative for x in batch]) if recipe.hard_negatives else None
+            loss = contrastive_loss(q.float(), p.float(), None if n is None else n.float())
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            step += 1
+            losses.append(float(loss.detach()))
+            spent += time.monotonic() - ts
+            if step % 10 == 0 or step == total:
+                rate = step * recipe.batch / spent
+                left = min(total - step, (recipe.budget_min * 60 - spent) * step / spent)
+                log(f"  step {step}/{total} epoch {epoch} loss {sum(losses[-10:]) / len(losses[-10:]):.3f} "
+                    f"{rate:.1f} pairs/s, {spent / 60:.1f} min, ~{left * spent / step / 60:.0f} min left")
+            if spent > recipe.budget_min * 60:
+                stopped = True
+                break
+            if (b + 1) in marks[:-1]:
+                checkpoint(round(epoch - 1 + (b + 1) / steps_per_epoch, 3), step, sum(losses) / len(losses))
+        frac = (epoch - 1) + (b + 1) / steps_per_epoch
+        checkpoint(round(frac, 3), step, sum(losses) / len(losses))
+        if stopped:
+            log(f"wall-clock budget of {recipe.budget_min} min reached at step {step}/{total}")
+            break
+    model.save(str(out / "last"))
+    report = {"recipe": asdict(recipe), "pairs": len(pairs), "steps": step, "planned_steps": total,
+              "stopped_by_budget": stopped, "train_s": spent, "wall_s": time.monotonic() - t0, "curve": curve}
+    (out / "curve.json").write_text(json.dumps(report, indent=1))
+    return report
+
+
+def _embed(model, texts: list[str]):
+    feats = model.preprocess(texts) if hasattr(model, "preprocess") else model.tokenize(texts)
+    return model(feats)["sentence_embedding"]  # the model's Normalize module makes them unit length
+
+
+def export_fp16(src: Path, dst: Path) -> None:
+    """A sentence-transformers folder with float16 weights and only the files loading needs."""
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "config_sentence_transformers.json", "modules.json",
+                 "sentence_bert_config.json", "special_tokens_map.json", "tokenizer.json",
+                 "tokenizer_config.json", "vocab.txt"):
+        if (src / name).is_file():
+            shutil.copy2(src / name, dst / name)
+    for sub in ("1_Pooling", "2_Normalize"):
+        if (src / sub).is_dir():
+            shutil.copytree(src / sub, dst / sub, dirs_exist_ok=True)
+    weights = load_file(str(src / "model.safetensors"))
+    save_file({k: v.astype("float16") if v.dtype.kind == "f" else v for k, v in weights.items()},
+              str(dst / "model.safetensors"), metadata={"format": "pt"})
+
+
+def plot(curve_json: Path, png: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = json.loads(curve_json.read_text())
+    pts = data["curve"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    keys = [k for k in pts[0] if k.startswith("MRR@10")]
+    for k in keys:
+        ax.plot([p["epoch"] for p in pts], [p[k] for p in pts], marker="o", label=k)
+    ax.set_xlabel("epoch (0 = all-MiniLM-L6-v2)")
+    ax.set_ylabel("dev MRR@10 (points)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    print(f"written {png}", file=sys.stderr)
+
+
+def lr_at(step: int, total: int, warmup: float) -> float:
+    """The schedule's learning-rate multiplier (for tests and the report)."""
+    warm = max(1, int(total * warmup))
+    return min((step + 1) / warm, max(0.0, (total - step) / max(1, total - warm)))
+

@@ -1,0 +1,145 @@
+"""Our code embedder (issue 55): pair mining on real third-party code, the standard-library exclusion,
+the training loss and the float16 export, and selecting the model that ships with the package."""
+
+from __future__ import annotations
+
+import shutil
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from index import embed_mine
+from index.embed import CODE_MODEL, CODE_MODEL_DIR, MINILM, EmbedderError, load_embedder
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+# Real third-party code that the `index` extra installs: sentence-transformers' utilities.
+ST_UTIL = Path(__import__("sentence_transformers").__file__).parent / "util"
+
+
+def _tree(tmp_path: Path) -> tuple[Path, list[Path]]:
+    root = tmp_path / "st_util"
+    shutil.copytree(ST_UTIL, root, ignore=shutil.ignore_patterns("__pycache__"))
+    return root, sorted(root.rglob("*.py"))
+
+
+def test_pairs_mined_from_third_party_code(tmp_path: Path):
+    root, files = _tree(tmp_path)
+    pairs, stats = embed_mine.mine([("pypi:st", root, files)])
+    assert len(pairs) >= 10 and stats["pypi:st"]["pairs"] == len(pairs)
+    assert {p.kind for p in pairs} >= {"sentence", "doc"}
+    for p in pairs:
+        assert p.lang == "python" and p.package == "pypi:st"
+        assert p.negative and p.negative != p.positive  # a hard negative from the same package
+        assert '"""' not in p.positive  # the definition without its docstring, as the index embeds it
+        if p.kind == "sentence":
+            assert p.query not in p.positive and len(p.query.split()) >= 4
+    # The positive is exactly what the index embeds for that definition.
+    from index.chunker import chunk_file
+    from index.sync import dense_texts
+
+    embedded = set()
+    for f in files:
+        rel = f.relative_to(root).as_posix()
+        text = f.read_bytes().decode("utf-8")  # as the index reads it: "\r\n" stays
+        embedded |= set(dense_texts(chunk_file(rel, text), path=rel))
+    assert all(p.positive in embedded for p in pairs)
+
+
+def test_duplicates_and_evaluation_code_are_left_out(tmp_path: Path):
+    root, files = _tree(tmp_path)
+    first, _ = embed_mine.mine([("a", root, files)])
+    # The same code under another package name (another version of it): nothing new.
+    both, stats = embed_mine.mine([("a", root, files), ("b", root, files)])
+    assert len(both) == len(first) and "b" not in stats
+    # Definitions whose code is in an evaluation corpus are excluded by their key.
+    keys = frozenset(embed_mine.code_key(p.positive) for p in first)
+    again, _ = embed_mine.mine([("a", root, files)], exclude_hashes=keys)
+    assert not {p.positive for p in again} & {p.positive for p in first}
+
+
+def test_standard_library_copies_are_not_third_party(tmp_path: Path):
+    pkg = tmp_path / "site-packages" / "somepkg"
+    pkg.mkdir(parents=True)
+    shutil.copy2(STDLIB / "textwrap.py", pkg / "textwrap.py")  # a vendored copy of the stdlib
+    shutil.copy2(ST_UTIL / "misc.py" if (ST_UTIL / "misc.py").exists() else sorted(ST_UTIL.glob("*.py"))[-1],
+                 pkg / "real.py")
+    kept = embed_mine.third_party(sorted(pkg.glob("*.py")), embed_mine.stdlib_hashes())
+    assert [p.name for p in kept] == ["real.py"]
+
+
+def test_doc_descriptions_lose_tags_and_sections():
+    doc = "Returns the {@code int} value of this <b>number</b>.\nMore words here.\n@param x the thing"
+    assert embed_mine.description(doc) == "Returns the int value of this number. More words here."
+    assert embed_mine.first_sentence(embed_mine.description(doc)) == "Returns the int value of this number."
+    py = "Split a string into tokens.\n\nArgs:\n    s: the string"
+    assert embed_mine.description(py) == "Split a string into tokens."
+    assert embed_mine.names_query("Lexer.split_tokens", "def split_tokens(self, text: str, maxsplit=1):") \
+        == "split tokens text maxsplit"
+
+
+def test_contrastive_loss_prefers_the_right_pairs():
+    import torch
+
+    from index.embed_train import contrastive_loss
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.nn.functional.normalize(torch.randn(8, 16, generator=g), dim=1)
+    noise = torch.nn.functional.normalize(torch.randn(8, 16, generator=g), dim=1)
+    right = contrastive_loss(q, q, noise)
+    wrong = contrastive_loss(q, q.roll(1, 0), noise)
+    assert float(right) < 0.1 < float(wrong)
+
+
+def test_float16_export_embeds_like_the_original(tmp_path: Path):
+    from index.embed import _bundled_model_dir
+    from index.embed_train import export_fp16
+
+    src = _bundled_model_dir(MINILM)
+    export_fp16(src, tmp_path / "half")
+    assert (tmp_path / "half" / "model.safetensors").stat().st_size < 0.6 * (src / "model.safetensors").stat().st_size
+    texts = ["parse a header value into tokens", "def add(a, b):\n    return a + b"]
+    a = load_embedder(str(src)).encode(texts)
+    b = load_embedder(str(tmp_path / "half")).encode(texts)
+    assert np.all(np.sum(a * b, axis=1) > 0.999)
+
+
+@pytest.mark.skipif(not (CODE_MODEL_DIR / "model.safetensors").is_file(), reason="code-minilm not built")
+def test_the_shipped_code_model_loads_offline_and_embeds():
+    emb = load_embedder("code-minilm")
+    assert emb.name == CODE_MODEL and emb.dim == 384 and emb.folder == CODE_MODEL_DIR
+    assert (CODE_MODEL_DIR / "model.safetensors").stat().st_size < 50 * 2**20  # float16
+    query = "split a command line into words as a shell would"
+    code = ["split\nshlex\ndef split(s, comments=False, posix=True):\n    lex = shlex(s, posix=posix)\n"
+            "    lex.whitespace_split = True\n    return list(lex)",
+            "hls to rgb\ncolorsys\ndef hls_to_rgb(h, l, s):\n    if s == 0.0:\n        return l, l, l"]
+    v = emb.encode([query, *code])  # a few texts: the NumPy forward pass, no torch
+    assert np.allclose(np.linalg.norm(v, axis=1), 1, atol=1e-4)
+    assert v[0] @ v[1] > v[0] @ v[2]
+
+
+def test_models_are_chosen_by_name_and_alias():
+    assert load_embedder("minilm") is load_embedder(MINILM)
+    assert load_embedder("all-MiniLM-L6-v2").name == MINILM
+    with pytest.raises(EmbedderError, match="no such model folder"):
+        load_embedder("./no/such/model")
+
+
+@pytest.mark.skipif(not (CODE_MODEL_DIR / "model.safetensors").is_file(), reason="code-minilm not built")
+def test_switching_model_rebuilds_the_index(tmp_path: Path):
+    from index.code_index import CodeIndex
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    shutil.copy2(STDLIB / "colorsys.py", repo / "colorsys.py")  # a few definitions: NumPy-encoded
+    ix = CodeIndex(repo, model="minilm", index_dir=tmp_path / "ix")
+    ix.sync()
+    assert ix.info()["model"] == MINILM
+    ix.close()
+    ix = CodeIndex(repo, model="code-minilm", index_dir=tmp_path / "ix")
+    r = ix.sync()
+    assert r.rebuilt == f"embedding model changed from {MINILM} to {CODE_MODEL}"
+    assert ix.info()["model"] == CODE_MODEL
+    assert ix.search("convert hue lightness saturation to red green blue", 1)[0].symbol == "hls_to_rgb"
+    ix.close()
