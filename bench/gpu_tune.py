@@ -89,8 +89,10 @@ TODAY = VariantConfig("dot", KT(*decode_tiles(False)[0]), KT(*decode_tiles(False
 
 
 def _gpu_splits(T: int) -> tuple[int, ...]:
-    # at 1 token 8 experts x 768/BLOCK_N programs leave most SMs idle: split D; at 32+ tokens ~110 experts do not
-    return (1, 2, 4, 8) if T <= 1 else (1, 2, 4) if T <= 8 else (1, 2) if T <= 16 else (1,)
+    # at 1 token 8 experts x 768/BLOCK_N programs leave most SMs idle: split D; at 32+ tokens ~110 experts do not.
+    # Not 8: down then pipelines 16 partial loads a step, past sm_90's shared memory at every down tile here
+    # (compiled for sm_90 on 2026-11-27: 279-541 KB); at 4 only down's 256-wide K tile is too big (skipped)
+    return (1, 2, 4) if T <= 8 else (1, 2) if T <= 16 else (1,)
 
 
 # per-stage shared memory stays under 228 KiB for these at 3 stages (down with split-K partials: fewer; a
