@@ -906,7 +906,8 @@ def bandwidth_table(rows: list[dict]) -> None:
 
 
 def section_tune(plan: Plan, report: Report, out: Path) -> None:
-    """--tune: bench/gpu_tune.py's sweep; on a GPU the table goes to kernels/tuned/ (commit it), else to --out."""
+    """--tune: bench/gpu_tune.py's sweep; on a GPU the table goes to kernels/tuned/ (commit it) and a copy to --out,
+    else to --out only."""
     import gpu_tune
 
     from kernels.backend import interpreting
@@ -918,6 +919,9 @@ def section_tune(plan: Plan, report: Report, out: Path) -> None:
         log("tune: skipped (no GPU, no interpreter)")
         return
     res = gpu_tune.run(budget_s=TUNE_BUDGET, folder=None if CUDA else out, log=log)
+    if CUDA:  # a copy beside the JSON too: --out is what a lent machine hands back
+        out.mkdir(parents=True, exist_ok=True)
+        shutil.copy(res["table"], out / Path(res["table"]).name)
     sec["rows"] += res["rows"]
     sec["skipped"] += res["skipped"]
     sec["table"], sec["copy_gb_s"], sec["failed_candidates"] = res["table"], res["copy_gb_s"], res["failed"]
