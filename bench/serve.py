@@ -49,7 +49,10 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this file is named like the package it measures: the package must win
-CHILD_ENV: dict[str, str] = {}  # --threads: OMP_NUM_THREADS for every contender
+# every contender's environment: --threads sets OMP_NUM_THREADS; the OpenMP wait policy is composer-serve's
+# default (serve/cli.py: passive, threads sleep between parallel regions) for the static batch too, so that
+# both sides run under the same policy (--omp-wait active: libgomp's spinning, for both)
+CHILD_ENV: dict[str, str] = {}
 DTYPE = "float32"  # --dtype: every contender's
 
 SHAPES = {
@@ -456,7 +459,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads of every contender (OMP_NUM_THREADS); default torch's own choice. On a "
                          "crowded machine 1 thread each keeps OpenMP barriers from waiting on descheduled threads")
+    ap.add_argument("--omp-wait", choices=["passive", "active"], default="passive",
+                    help="OMP_WAIT_POLICY of every contender (passive: composer-serve's default)")
     args = ap.parse_args()
+    CHILD_ENV["OMP_WAIT_POLICY"] = args.omp_wait
     global DTYPE
     DTYPE = args.dtype
     if args.tokens < 2:
@@ -482,12 +488,13 @@ def main() -> None:
     except (OSError, StopIteration):
         pass
     bf16 = sorted(flags & {"amx_bf16", "avx512_bf16"})
+    print(f"OpenMP wait policy of every contender: {args.omp_wait}")
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores (load average {os.getloadavg()[0]:.1f}), torch "
           f"{torch.__version__}, {torch.get_num_threads()} threads, bf16 matmul flags: {' '.join(bf16) or 'none (experts stay fp32)'}")
     costs = measure_cpu_costs()
     print(f"CPU costs now: {costs.bytes_per_s / 1e9:.1f} GB/s streamed by few-row matmuls, "
           f"{costs.flops_per_s / 1e9:.0f} GFLOP/s, {costs.op_s * 1e6:.0f} us per small op")
-    results: dict = {"command": " ".join(sys.argv), "dtype": DTYPE, "stream_interval": args.stream_interval, "threads": torch.get_num_threads(),
+    results: dict = {"command": " ".join(sys.argv), "dtype": DTYPE, "omp_wait": args.omp_wait, "stream_interval": args.stream_interval, "threads": torch.get_num_threads(),
                      "load_average": os.getloadavg(), "machine": platform.machine(), "cores": os.cpu_count(),
                      "torch": torch.__version__, "bf16_flags": bf16, "cpu_costs": vars(costs),
                      "tokens": args.tokens, "prompt_len": args.prompt_len, "static_experts": args.static_experts,

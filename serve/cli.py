@@ -96,6 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Before torch loads libgomp (it reads this once): OpenMP threads that finish a parallel region early
+    # sleep instead of spinning ~300k times for the next. A CPU server's cores are shared, with its own HTTP
+    # loop and often with other processes: a spinning thread holds the core that the thread it waits for
+    # needs. Measured on a loaded 2-core VM (bench/serve.py, BENCHMARKS.md): 11-18 tok/s at concurrency 8
+    # spinning, 78-320 passive. OMP_WAIT_POLICY=active in the environment keeps the spinning.
+    os.environ.setdefault("OMP_WAIT_POLICY", "passive")
     from serve.quiet import hush
 
     hush()
