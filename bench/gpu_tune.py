@@ -309,19 +309,19 @@ def sweep_moe(shape: Shape, cands: Candidates, T: int, experts, deadline: float,
     # gate_up: per (variant, split), its best tiles; it gets 60% of this token count's time (compiling dominates)
     gu_deadline = time.perf_counter() + 0.6 * (deadline - time.perf_counter())
     best_gu: dict[tuple[str, int], tuple[float, KernelTiles]] = {}
-    for variant, tiles_list in cands.gate_up.items():
-        if variant == "fma" and T > cands.fma_max_tokens:
+    # every (variant, split)'s first tiles before anyone's second: a budget cut leaves each one a candidate
+    order = sorted(((rank, variant, split, tiles) for variant, tiles_list in cands.gate_up.items()
+                    if variant != "fma" or T <= cands.fma_max_tokens
+                    for split in cands.splits(T) for rank, tiles in enumerate(tiles_list)), key=lambda c: c[0])
+    for _, variant, split, tiles in order:
+        if time.perf_counter() > gu_deadline:
+            sweep.skipped.append(f"moe T={T}: gate_up {variant} split {split} {tiles} (budget)")
             continue
-        for split in cands.splits(T):
-            for tiles in tiles_list:
-                if time.perf_counter() > gu_deadline:
-                    sweep.skipped.append(f"moe T={T}: gate_up {variant} split {split} {tiles} (budget)")
-                    continue
-                cfg = VariantConfig(variant, tiles, TODAY.down, split)
-                t = _try(sweep, f"T={T} gate_up {cfg.label()}",
-                         lambda cfg=cfg: seconds_per_launch([r.gate_up for r in variant_runs(lay, cfg)]))
-                if t is not None and ((variant, split) not in best_gu or t < best_gu[(variant, split)][0]):
-                    best_gu[(variant, split)] = (t, tiles)
+        cfg = VariantConfig(variant, tiles, TODAY.down, split)
+        t = _try(sweep, f"T={T} gate_up {cfg.label()}",
+                 lambda cfg=cfg: seconds_per_launch([r.gate_up for r in variant_runs(lay, cfg)]))
+        if t is not None and ((variant, split) not in best_gu or t < best_gu[(variant, split)][0]):
+            best_gu[(variant, split)] = (t, tiles)
     # down: for each variant, after its best gate_up without a split and its best with one
     pairs: list[tuple[float, VariantConfig]] = []
     for variant in sorted({v for v, _ in best_gu}, key=lambda v: min(t for (w, _), (t, _) in best_gu.items() if w == v)):
@@ -409,7 +409,10 @@ def bandwidth_report(shape: Shape | None = None, device_name: str | None = None,
         for T in shape.report_tokens:
             entry = tuning.lookup("moe_decode", dtype, device_name=device_name, folder=folder, T=T, D=shape.D,
                                   I=shape.I, E=shape.E, K=shape.K)
-            kernel_bandwidth(shape, T, experts, copy_bw, sweep, entry)
+            try:
+                kernel_bandwidth(shape, T, experts, copy_bw, sweep, entry)
+            except Exception as e:  # noqa: BLE001 - each kernel's timing is already guarded; this is the set-up
+                sweep.failed.append(f"bandwidth T={T}: {type(e).__name__}: {str(e)[:300]}")
         for r in sweep.rows:
             log(f"bandwidth T={r['tokens']} {r['kernel']} ({r['which']}): {r['us']:.1f} us, {r['gb_s']:.0f} GB/s = "
                 f"{r['pct_copy']:.1f}% of copy")
@@ -501,11 +504,19 @@ def run(budget_s: float = 210.0, shape: Shape | None = None, cands: Candidates |
             if now > moe_end:
                 sweep.skipped.append(f"moe T={T}: budget")
                 continue
-            sweep_moe(shape, cands, T, experts, now + (moe_end - now) / (len(shape.tokens) - i), sweep, log)
+            try:  # one token count failing (out of memory, a compiler error) leaves the others their entries
+                sweep_moe(shape, cands, T, experts, now + (moe_end - now) / (len(shape.tokens) - i), sweep, log)
+            except Exception as e:  # noqa: BLE001 - reported in the section, the sweep goes on
+                sweep.failed.append(f"moe T={T}: {type(e).__name__}: {str(e)[:300]}")
+                log(f"tune moe T={T} FAILED: {type(e).__name__}: {e}")
         experts = None
         if CUDA:
             torch.cuda.empty_cache()
-        sweep_fp8(shape, cands, deadline, sweep, log)
+        try:
+            sweep_fp8(shape, cands, deadline, sweep, log)
+        except Exception as e:  # noqa: BLE001
+            sweep.failed.append(f"fp8: {type(e).__name__}: {str(e)[:300]}")
+            log(f"tune fp8 FAILED: {type(e).__name__}: {e}")
     meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%S"), "commit": _commit(), "torch": torch.__version__,
             "triton": triton.__version__, "sweep_s": round(time.perf_counter() - t0, 1), "candidates_timed": sweep.timed,
             "copy_gb_s": round(copy_bw / 1e9, 1), "timing": "CUDA graph, median of 5 replays" if CUDA else
