@@ -10,7 +10,9 @@ configs/E=..,N=..,device_name=...json):
 
 An entry is keyed by kernel, then by its shape and dtype (`shape_key`: sorted name=value pairs). The
 kernels look up the table of the device they run on; a token or row count between two tuned ones takes
-the next tuned count above it (its tiles serve any smaller count; past the largest, nothing: defaults).
+the next tuned count above it (its tiles serve any smaller count). vLLM and SGLang take the nearest tuned
+count instead; past the largest tuned count we return nothing (defaults), so that a 4,096-token prefill
+never runs a configuration timed at 64 decode tokens.
 On a CPU (CI, the interpreter) no table is read unless COMPOSER_TUNED_DEVICE names a device, so CPU
 results never depend on a GPU's table; tests use that to read a fake device's table.
 
