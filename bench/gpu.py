@@ -934,7 +934,10 @@ def section_tune(plan: Plan, report: Report, out: Path) -> None:
     table("tune: FP8 W8A16 kernel (today's tiles vs the best)", [r for r in sec["rows"] if r["kind"] == "fp8"],
           [("layer", "layer", ""), ("M", "M", "d"), ("default_us", "today us", ".1f"), ("best_us", "best us", ".1f"),
            ("chosen", "written", ""), ("gb_s", "GB/s", ".0f")])
-    print(f"table: {res['table']} ({len(res['failed'])} candidates could not run; see the JSON)", flush=True)
+    png = gpu_tune.plot(sec["rows"], out / ("tune.png" if CUDA else "tune-cpu-interpreter.png"),
+                        f"{report.data['meta'].get('device', '')}: bench/gpu.py --tune")
+    sec["plot"] = None if png is None else str(png)
+    print(f"table: {res['table']} ({len(res['failed'])} candidates could not run; see the JSON); plot: {png}", flush=True)
 
 
 def section_fp8(plan: Plan, report: Report, deadline: float) -> None:

@@ -533,3 +533,46 @@ def run(budget_s: float = 210.0, shape: Shape | None = None, cands: Candidates |
     bw = bandwidth_report(shape, device_name, folder, copy_bw, log)
     return {"rows": sweep.rows + bw["rows"], "table": str(path), "skipped": sweep.skipped,
             "failed": sweep.failed + bw["failed"], "seconds": meta["sweep_s"], "copy_gb_s": copy_bw / 1e9}
+
+
+def plot(rows: list[dict], png: Path, title: str) -> Path | None:
+    """Each MoE kernel's % of copy bandwidth by token count (today's and tuned), and the layer's time today
+    against the tuned choice; None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    kernels = [r for r in rows if r["kind"] == "moe_kernel"]
+    layers = [r for r in rows if r["kind"] == "moe_layer"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    series = sorted({(r["kernel"], r["which"].split(":")[0]) for r in kernels})
+    tokens = sorted({r["tokens"] for r in kernels})
+    width = 0.8 / max(1, len(series))
+    for i, (kernel, which) in enumerate(series):
+        got = {r["tokens"]: r["pct_copy"] for r in kernels if r["kernel"] == kernel and r["which"].startswith(which)}
+        a.bar([j + i * width for j in range(len(tokens))], [got.get(t, 0.0) for t in tokens], width,
+              label=f"{kernel}, {which}")
+    a.axhline(60, color="grey", linestyle="--", linewidth=1)  # the issue's goal
+    a.set_xticks([j + 0.4 - width / 2 for j in range(len(tokens))], [str(t) for t in tokens])
+    a.set_xlabel("tokens")
+    a.set_ylabel("% of copy bandwidth")
+    a.set_title("MoE kernels alone in a CUDA graph (goal: 60%)")
+    a.legend(fontsize=7)
+    layers.sort(key=lambda r: r["tokens"])
+    xs = range(len(layers))
+    b.bar([x - 0.2 for x in xs], [r["default_us"] for r in layers], 0.4, label="today's path")
+    b.bar([x + 0.2 for x in xs], [r["default_us"] / r["speedup"] for r in layers], 0.4, label="written to the table")
+    b.set_xticks(list(xs), [f"{r['tokens']}" for r in layers])
+    b.set_xlabel("tokens")
+    b.set_ylabel("us per layer")
+    b.set_title("MoE layer: today vs tuned")
+    b.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+    return png
+
