@@ -1178,6 +1178,13 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
     else:
         print(f"Qwen3-30B-A3B shape, {plan.layers} layers, random weights made on the device", flush=True)
+        from kernels import tuning
+
+        table = tuning.load()
+        meta["tuned_table"] = None if table is None else str(tuning.table_path(table.device))
+        if table is None and not args.tune:
+            print(f"no tuned table for {meta['device']} ({tuning.table_path(meta['device'])}): the kernels run their "
+                  "defaults; `--tune` sweeps and writes one first (~4 minutes)", flush=True)
 
     def run(name: str, fn) -> None:
         sec = report.section(name)
