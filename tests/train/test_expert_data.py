@@ -4,20 +4,16 @@ format: each episode is one append-only sample, and SFT trains on them."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 from agent.session import load
 from agent.tools import default_registry
 from serve.chat_format import ChatFormat
-from tests.train.conftest import record_expert
+from train.cli import main as train_main
 from train.samples import build_samples
 
 
-def test_expert_data_is_one_append_only_sample_per_episode_and_trains(tiny, tmp_path):
-    out = tmp_path / "data"
-    r = record_expert(tiny, out, 4)
-    assert r.returncode == 0, r.stderr
+def test_expert_data_is_one_append_only_sample_per_episode_and_trains(tiny, expert_data, tmp_path):
+    out = expert_data
     assert json.loads((out / "report.json").read_text())["overall"]["pass@1"] == 1.0
     chat = ChatFormat(tiny)
     sessions = sorted((out / "sessions").glob("*.jsonl"))
@@ -27,9 +23,9 @@ def test_expert_data_is_one_append_only_sample_per_episode_and_trains(tiny, tmp_
         samples = build_samples(data, chat=chat, spec_hash=default_registry().spec_hash())
         turns = sum(1 for rec in data.records if rec["type"] == "request")
         assert len(samples) == 1 and samples[0].requests == turns >= 2  # every turn extends the last
-    r = subprocess.run([sys.executable, "-m", "train.cli", "sft", str(out / "sessions"), "--model", str(tiny),
-                        "--out", str(tmp_path / "sft"), "--batch", "2"], capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr
+    # composer-train sft in this process (its main and argument parsing): a subprocess re-imported torch
+    assert train_main(["sft", str(out / "sessions"), "--model", str(tiny), "--out", str(tmp_path / "sft"),
+                       "--batch", "2"]) == 0
     assert (tmp_path / "sft" / "composer_policy.json").exists()
 
 

@@ -42,7 +42,8 @@ def test_a_slow_group_does_not_hold_the_step_and_is_trained_later(tiny, tmp_path
                 seen.append(({e.task_id for e in eps}, dict(ro.last_counts)))
                 assert max(k - e.min_version for e in eps) <= 2  # never past the staleness bound
                 assert len(eps) == 4 and all(e.samples and not e.infra_error for e in eps)
-                time.sleep(3.5)  # the trainer's step: meanwhile the slow group goes on
+                if k < 3:  # the trainer's step: meanwhile the slow group goes on (after the last batch, nothing)
+                    time.sleep(3.5)
                 srv.version = k + 1
                 ro.set_version(k + 1)
         finally:

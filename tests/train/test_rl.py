@@ -5,14 +5,13 @@ solves nothing); what is tested is the machinery, not learning."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from agent.tasks import load_tasks
+from train.cli import main as train_main
 from train.progress import Progress
 from train.rl import RLConfig, run
 from train.trainer import TrainerConfig
@@ -33,7 +32,7 @@ def quiet(steps):
 
 
 @pytest.mark.slow
-def test_rl_steps_sync_weights_and_resume(tiny, tmp_path):
+def test_rl_steps_sync_weights_and_resume(tiny, tmp_path, capsys):
     tasks, out = suite(tmp_path), tmp_path / "run"
     cfg = RLConfig(steps=2, group_size=4, groups_per_step=2, workers=3, max_staleness=0, save_every=1,
                    max_output_tokens=12)
@@ -58,13 +57,15 @@ def test_rl_steps_sync_weights_and_resume(tiny, tmp_path):
     eps = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
     assert {e["min_version"] for e in eps if e["step"] == 1} == {1}
     batch1 = sorted((out / "trajectories" / "batch-1").glob("*.jsonl"))[0]
-    check = [sys.executable, "-m", "train.cli", "check", str(batch1), "--json"]
-    new = json.loads(subprocess.run([*check, "--model", str(out / "checkpoints" / "step-1")], capture_output=True,
-                                    text=True, check=True).stdout)
+    # `composer-train check` in this process (its main and argument parsing): a subprocess re-imported torch
+    check = ["check", str(batch1), "--json"]
+    capsys.readouterr()
+    assert train_main([*check, "--model", str(out / "checkpoints" / "step-1")]) == 0
+    new = json.loads(capsys.readouterr().out)
     assert new["ok"] and new["sampled_by_versions"] == [1] and new["logprob_gap_max"] <= 1e-4
     if changed:
-        old = json.loads(subprocess.run([*check, "--model", str(tiny), "--no-mxfp8"], capture_output=True,
-                                        text=True).stdout)
+        train_main([*check, "--model", str(tiny), "--no-mxfp8"])
+        old = json.loads(capsys.readouterr().out)
         assert old["logprob_gap_max"] > 1e-3  # the old weights did not produce it
 
     # --resume continues at step 2 from the last checkpoint, with the staleness bound relaxed to 1.

@@ -6,25 +6,20 @@ refused with the reason."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from agent.session import load
 from agent.tools import default_registry
 from serve.chat_format import ChatFormat
-from tests.train.conftest import record_expert
+from train.cli import main as train_main
 from train.samples import TOKEN_FIELDS, build_samples
 from train.teacher import TeacherError, render_samples, session_samples, teacher_samples, transcript_requests
 
 
 @pytest.fixture(scope="module")
-def expert_sessions(tiny, tmp_path_factory):
-    out = tmp_path_factory.mktemp("expert") / "data"
-    r = record_expert(tiny, out, 3)
-    assert r.returncode == 0, r.stderr
-    return sorted((out / "sessions").glob("*.jsonl"))
+def expert_sessions(expert_data):
+    return sorted((expert_data / "sessions").glob("*.jsonl"))
 
 
 def strip_ids(src, dst):
@@ -81,7 +76,7 @@ def test_what_cannot_be_taught_is_refused_with_the_reason(tiny, expert_sessions)
         render_samples("x", transcript_requests(msgs[:2]), tools, chat)
 
 
-def test_sft_trains_on_text_only_sessions_and_transcripts(tiny, expert_sessions, tmp_path):
+def test_sft_trains_on_text_only_sessions_and_transcripts(tiny, expert_sessions, tmp_path, capsys):
     folder = tmp_path / "teacher"
     folder.mkdir()
     strip_ids(expert_sessions[0], folder / "a.jsonl")
@@ -90,10 +85,12 @@ def test_sft_trains_on_text_only_sessions_and_transcripts(tiny, expert_sessions,
     (folder / "c.json").write_text(json.dumps([{"role": "user", "content": "hi"},
                                                {"role": "assistant", "tool_calls": [{"id": "1", "type": "function",
                                                 "function": {"name": "nope", "arguments": "{}"}}]}]))
-    r = subprocess.run([sys.executable, "-m", "train.cli", "sft", str(folder), str(expert_sessions[2]), "--model",
-                        str(tiny), "--out", str(tmp_path / "sft"), "--batch", "2"], capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr
-    assert "1 sessions token-exact, 2 rendered" in r.stderr and "1 refused" in r.stderr
-    assert "c.json" in r.stderr and "'nope'" in r.stderr  # the reason, named
+    # composer-train sft in this process (its main and argument parsing): a subprocess re-imported torch
+    capsys.readouterr()
+    code = train_main(["sft", str(folder), str(expert_sessions[2]), "--model", str(tiny), "--out",
+                       str(tmp_path / "sft"), "--batch", "2"])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "1 sessions token-exact, 2 rendered" in err and "1 refused" in err
+    assert "c.json" in err and "'nope'" in err  # the reason, named
     assert (tmp_path / "sft" / "composer_policy.json").exists()

@@ -7,7 +7,6 @@ import random
 
 from agent.session import load
 from serve.chat_format import ChatFormat
-from tests.train.conftest import record_expert
 from train.samples import build_samples
 from train.timings import SHELL_TIME, retime, slowness, vary_timings
 
@@ -36,13 +35,10 @@ def test_slowness_keeps_the_recorded_times_about_as_often_as_asked():
     assert min(varied) >= 0.3 and max(varied) <= 30.0 and sum(d > 3 for d in varied) > 300
 
 
-def test_varied_episode_keeps_the_expert_answers_token_exact(tiny, tmp_path):
-    out = tmp_path / "data"
-    r = record_expert(tiny, out, 2)
-    assert r.returncode == 0, r.stderr
+def test_varied_episode_keeps_the_expert_answers_token_exact(tiny, expert_data):
     chat = ChatFormat(tiny)
     timed = 0
-    for path in sorted((out / "sessions").glob("*.jsonl")):
+    for path in sorted((expert_data / "sessions").glob("*.jsonl")):
         data = load(path)
         before = build_samples(data, chat=chat)
         varied = vary_timings(data, chat, random.Random(3), keep=0.0)
