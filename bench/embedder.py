@@ -160,7 +160,9 @@ def cmd_train(a) -> None:
               file=sys.stderr)
         best = a.work / "run" / "last"
     if best.is_dir():
-        embed_train.export_fp16(best, a.export or MODEL_DIR)
+        from index.embed import _bundled_model_dir
+
+        embed_train.export_fp16(best, a.export or MODEL_DIR, config_from=_bundled_model_dir())
         print(f"exported {best} -> {a.export or MODEL_DIR} (float16)", file=sys.stderr)
 
 

@@ -161,24 +161,31 @@ def _embed(model, texts: list[str]):
     return model(feats)["sentence_embedding"]  # the model's Normalize module makes them unit length
 
 
-def export_fp16(src: Path, dst: Path) -> None:
-    """A sentence-transformers folder with float16 weights and only the files loading needs."""
+def export_fp16(src: Path, dst: Path, config_from: Path | None = None) -> None:
+    """A sentence-transformers folder with `src`'s weights in float16 and only the files loading
+    needs. `config_from`: take the configuration and tokenizer files from this folder instead (the
+    base model's: fine-tuning changes neither, and the files sentence-transformers 6 writes are
+    unknown to older versions and lack the 256-wordpiece limit the index reads)."""
+    import os
     import shutil
 
     from safetensors.numpy import load_file, save_file
 
+    cfg = config_from or src
     dst.mkdir(parents=True, exist_ok=True)
     for name in ("config.json", "config_sentence_transformers.json", "modules.json",
                  "sentence_bert_config.json", "special_tokens_map.json", "tokenizer.json",
                  "tokenizer_config.json", "vocab.txt"):
-        if (src / name).is_file():
-            shutil.copy2(src / name, dst / name)
-    for sub in ("1_Pooling", "2_Normalize"):
-        if (src / sub).is_dir():
-            shutil.copytree(src / sub, dst / sub, dirs_exist_ok=True)
+        if (cfg / name).is_file():
+            shutil.copyfile(cfg / name, dst / name)
+    if (cfg / "1_Pooling").is_dir():
+        (dst / "1_Pooling").mkdir(exist_ok=True)
+        for f in (cfg / "1_Pooling").iterdir():
+            shutil.copyfile(f, dst / "1_Pooling" / f.name)
     weights = load_file(str(src / "model.safetensors"))
     save_file({k: v.astype("float16") if v.dtype.kind == "f" else v for k, v in weights.items()},
               str(dst / "model.safetensors"), metadata={"format": "pt"})
+    os.chmod(dst / "model.safetensors", 0o644)
 
 
 def plot(curve_json: Path, png: Path, title: str) -> None:
