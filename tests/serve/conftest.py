@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
-def tiny_hermes(tmp_path_factory) -> Path:
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-hermes", template="hermes")
+def tiny_hermes(tiny_copy, tmp_path_factory) -> Path:
+    return tiny_copy(tmp_path_factory.mktemp("ckpt") / "tiny-hermes", template="hermes")
 
 
 @pytest.fixture(scope="session")
@@ -77,6 +77,16 @@ def hermes_server(request, tiny_hermes):
     srv = start_server(tiny_hermes, "--served-model-name", "tiny", "--api-key", "sk-test", "--engine", request.param,
                        "--dtype", "float32")
     srv.engine = request.param
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def plain_server(tiny_hermes):
+    """composer-serve (native engine, no key) on the tiny hermes checkpoint, for API tests that only read
+    their own answers: test_responses_api.py and test_forced_calls.py's hermes case share it (a start is
+    ~5 s on 2 cores)."""
+    srv = start_server(tiny_hermes, "--served-model-name", "tiny", "--dtype", "float32")
     yield srv
     srv.stop()
 

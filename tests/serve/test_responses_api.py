@@ -14,7 +14,6 @@ from fastapi.testclient import TestClient
 from serve.api import ServerState, create_app
 from serve.chat_format import ChatFormat
 
-from .conftest import start_server
 from .test_api_parsing import ReplayEngine, calls_text
 
 READ = {"type": "object", "properties": {"path": {"type": "string", "maxLength": 20}}, "required": ["path"]}
@@ -22,10 +21,8 @@ TOOLS = [{"type": "function", "name": "read_file", "description": "Read a file",
 
 
 @pytest.fixture(scope="module")
-def client(tiny_hermes):
-    srv = start_server(tiny_hermes, "--served-model-name", "tiny", "--dtype", "float32")
-    yield openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0)
-    srv.stop()
+def client(plain_server):
+    return openai.OpenAI(base_url=plain_server.base_url, api_key="x", max_retries=0)
 
 
 def test_text_answer_with_usage_and_incomplete_at_max_output_tokens(client):
