@@ -43,32 +43,39 @@ import sys, torch, torch.nn.functional as F
 from pathlib import Path
 from kernels.lm_head import chunked_logprobs
 torch.set_num_threads(1)
-N, D, V, chunk = 1024, 64, int(sys.argv[1]), int(sys.argv[2])
-g = torch.Generator().manual_seed(0)
-h = torch.randn(N, D, generator=g).requires_grad_()
-w = (torch.randn(V, D, generator=g) * 0.1).requires_grad_()
-t = torch.randint(0, V, (N,), generator=g)
+N, D = 1024, 64
 def kib(field):
     return next(int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines()
                 if line.startswith(field + ":"))
-Path("/proc/self/clear_refs").write_text("5")  # the high-water mark starts again from here
-before = kib("VmRSS")
-if chunk:
-    lp = chunked_logprobs(h, w, t, chunk)
-else:
-    lp = F.log_softmax(F.linear(h, w), -1).gather(1, t[:, None]).squeeze(1)
-lp.sum().backward()
-print((kib("VmHWM") - before) * 1024)
+def peak(V, chunk):
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(N, D, generator=g).requires_grad_()
+    w = (torch.randn(V, D, generator=g) * 0.1).requires_grad_()
+    t = torch.randint(0, V, (N,), generator=g)
+    Path("/proc/self/clear_refs").write_text("5")  # the high-water mark starts again from here
+    before = kib("VmRSS")
+    if chunk:
+        lp = chunked_logprobs(h, w, t, chunk)
+    else:
+        lp = F.log_softmax(F.linear(h, w), -1).gather(1, t[:, None]).squeeze(1)
+    lp.sum().backward()
+    return (kib("VmHWM") - before) * 1024
+peak(512, 128), peak(512, 0)  # warm-up: both paths' one-time allocations before anything is measured
+for arg in sys.argv[1:]:
+    print(peak(*map(int, arg.split(":"))))
 """
 
 
-def _peak_bytes(vocab: int, chunk: int) -> int:
+def _peak_bytes(*runs: tuple[int, int]) -> list[int]:
+    """Peak resident growth of each (vocabulary, chunk) run, measured one after another in one process (the
+    high-water mark reset before each, every tensor of a run freed before the next): one torch start-up, not
+    one per run (~3 s each on 2 cores)."""
     # every allocation above 64 KiB its own mapping, returned on free: resident memory is live memory
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
     env.pop("TRITON_INTERPRET", None)
-    out = subprocess.run([sys.executable, "-c", PEAK, str(vocab), str(chunk)], capture_output=True, text=True,
-                         cwd=ROOT, timeout=300, check=True, env=env)
-    return int(out.stdout.split()[-1])
+    out = subprocess.run([sys.executable, "-c", PEAK, *(f"{v}:{c}" for v, c in runs)], capture_output=True,
+                         text=True, cwd=ROOT, timeout=300, check=True, env=env)
+    return [int(x) for x in out.stdout.split()[-len(runs):]]
 
 
 def test_peak_memory_does_not_grow_with_the_vocabulary():
@@ -77,8 +84,9 @@ def test_peak_memory_does_not_grow_with_the_vocabulary():
     (the measure's control) grows by the [N, V] float32 tensors it holds."""
     small, large = 16384, 131072
     weights_growth = 2 * (large - small) * 64 * 4  # w and its gradient
-    chunked = _peak_bytes(large, 4096) - _peak_bytes(small, 4096)
-    whole = _peak_bytes(large, 0) - _peak_bytes(small, 0)
+    chunked_large, chunked_small, whole_large, whole_small = _peak_bytes((large, 4096), (small, 4096), (large, 0),
+                                                                         (small, 0))
+    chunked, whole = chunked_large - chunked_small, whole_large - whole_small
     per_chunk = 1024 * 4096 * 4
     assert chunked < weights_growth + 2 * per_chunk, (chunked, weights_growth)
     assert whole > weights_growth + 2 * 1024 * (large - small) * 4, whole  # the control grows with V
