@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels import MXFP8Tensor, cpu_pack, moe_forward
+from kernels.fused import add_rms_norm, qk_norm_rope_cache
 from kernels.lm_head import chunked_logprobs
 from kernels.moe import block_experts, blocked
 from kernels.moe_reference import acc_dtype
@@ -32,6 +33,12 @@ from serve.model import numerics
 from serve.model.config import ModelConfig
 from serve.model.layers import AttnMeta, RMSNorm, Rotary, apply_rope, attention, paged_attention
 from serve.model.numerics import WIDE, proj
+
+
+def _fused_backend(x: torch.Tensor) -> str:
+    """kernels/fused.py's Triton kernels on a GPU; on a CPU their torch references (the model's own ops), never
+    the Triton interpreter a test session may have switched on (slow, and not the CPU server's arithmetic)."""
+    return "auto" if x.is_cuda else "torch"
 
 
 class Attention(nn.Module):
@@ -71,10 +78,14 @@ class Attention(nn.Module):
                 cos_TC.contiguous(), sin_TC.contiguous(), k_cache, v_cache, meta.slot_mapping_T, self.h)
             o_THC = paged_attention(q_THC, k_cache, v_cache, meta, self.g)
             return self.o_proj(o_THC.reshape(T, self.h * self.c))
-        if self.qkv_proj is not None:  # inference on a CPU: one matmul for q, k and v
-            q_TN, k_TN, v_TN = self.qkv_proj(x_TD).split([self.h * self.c, self.g * self.c, self.g * self.c], dim=-1)
-        else:
-            q_TN, k_TN, v_TN = (proj(m, x_TD, self.exact) for m in (self.q_proj, self.k_proj, self.v_proj))
+        if self.qkv_proj is not None:  # inference (a GPU, or a CPU without our kernels): one q/k/v matmul, then
+            # q/k norms, rotary and the cache write in one kernel on a GPU; elsewhere its reference, the ops below
+            q_THC = qk_norm_rope_cache(self.qkv_proj(x_TD), self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
+                                       cos_TC, sin_TC, k_cache, v_cache, meta.slot_mapping_T, self.h,
+                                       backend=_fused_backend(x_TD))
+            o_THC = paged_attention(q_THC, k_cache, v_cache, meta, self.g, self.exact)
+            return proj(self.o_proj, o_THC.reshape(T, self.h * self.c), self.exact)
+        q_TN, k_TN, v_TN = (proj(m, x_TD, self.exact) for m in (self.q_proj, self.k_proj, self.v_proj))
         q_THC = self.q_norm(q_TN.reshape(T, self.h, self.c))
         k_TGC = self.k_norm(k_TN.reshape(T, self.g, self.c))
         v_TGC = v_TN.reshape(T, self.g, self.c)
@@ -222,8 +233,13 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, x_TD, cos_TC, sin_TC, k_cache, v_cache, meta: AttnMeta) -> torch.Tensor:
-        x_TD = x_TD + self.self_attn(self.input_layernorm(x_TD), cos_TC, sin_TC, k_cache, v_cache, meta)
-        h_TD = self.post_attention_layernorm(x_TD)
+        attn_TD = self.self_attn(self.input_layernorm(x_TD), cos_TC, sin_TC, k_cache, v_cache, meta)
+        norm = self.post_attention_layernorm
+        if norm.exact:
+            x_TD = x_TD + attn_TD
+            h_TD = norm(x_TD)
+        else:  # the residual add and the norm: one kernel on a GPU, the same ops elsewhere (x + a == a + x)
+            h_TD, x_TD = add_rms_norm(attn_TD, x_TD, norm.weight, norm.eps, backend=_fused_backend(x_TD))
         if meta.routes_SMK is not None and isinstance(self.mlp, SparseMoE):
             return x_TD + self.mlp(h_TD, record=(meta.routes_SMK, meta.slot_mapping_T))
         return x_TD + self.mlp(h_TD)
