@@ -363,3 +363,26 @@ def test_the_gpu_decode_step_gives_the_eager_forwards_logits_and_routes(device):
     assert launches.count("router_topk") == config["num_hidden_layers"]
     torch.testing.assert_close(got_BV, want_BV, rtol=1e-4, atol=1e-4 * want_BV.abs().max().item())
     assert torch.equal(runner.routes[slots], want_routes[slots])
+
+
+def test_the_eager_step_on_the_fused_kernels_gives_the_torch_paths_logits(monkeypatch, device):
+    """A prefill (and then a decode) through ModelRunner.run with the fused q/k-norm-rope-cache and add +
+    RMSNorm kernels, as a GPU runs them (forced here, under the interpreter), gives the logits of the same
+    steps on their torch references, which a CPU runs."""
+    from bench.decode_ops import SMALL, build, prefill
+
+    if device.type != "cpu":
+        pytest.skip("on a GPU the kernels are the default path, checked by tests/serve")
+    config = dict(SMALL, num_hidden_layers=2)
+    launches: list[str] = []
+    got = []
+    for backend in ("torch", "triton"):
+        monkeypatch.setattr(qwen3_moe, "_fused_backend", lambda x, b=backend: b)
+        _, blocks, runner = build(config, "none", 2, "cpu")
+        with on_launch(launches.append):
+            seqs = prefill(blocks, runner, 2, config["vocab_size"])
+            for s in seqs:
+                assert blocks.ensure(s, len(s))
+            got.append(runner.run([(s, 1) for s in seqs])[1])
+    assert launches.count("qk_norm_rope_cache") == launches.count("add_rms_norm") == 3 * 2
+    torch.testing.assert_close(got[1], got[0], rtol=1e-4, atol=1e-4 * got[0].abs().max().item())
