@@ -28,8 +28,9 @@ from pathlib import Path
 # Bump when the chunker, the embedded text or the layout changes: an older index is then rebuilt.
 # 4: one vector per definition (its whole code), none for later slices or the code between
 # definitions; chunks and BM25 rows as in 3. 5: the definition's name as words before its code. 6: and
-# a line naming where it lives (the enclosing definitions, or the file's stem).
-FORMAT = "composer-index-6"
+# a line naming where it lives (the enclosing definitions, or the file's stem). 7: the same texts, the
+# default embedder now code-minilm (issue 55): vectors of 6 are MiniLM's and must not be mixed in.
+FORMAT = "composer-index-7"
 DB_NAME = "meta.sqlite"
 
 SCHEMA = """

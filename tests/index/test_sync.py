@@ -278,16 +278,16 @@ def test_a_long_definition_has_one_vector_of_its_whole_code(indexed_repo: Path, 
 
 def test_an_index_of_an_older_format_rebuilds_itself(indexed_repo: Path, embedder):
     ix = CodeIndex(indexed_repo, embedder=embedder)
-    assert ix.info()["format"] == store.FORMAT == "composer-index-6"
+    assert ix.info()["format"] == store.FORMAT == "composer-index-7"
     n = ix.chunk_count()
-    # What a format 5 index looks like to this code: the same tables, another format name.
-    ix._con.execute("UPDATE info SET value = 'composer-index-5' WHERE key = 'format'")
+    # What a format 6 index looks like to this code: the same tables, another format name.
+    ix._con.execute("UPDATE info SET value = 'composer-index-6' WHERE key = 'format'")
     ix.close()
     ix = CodeIndex(indexed_repo, embedder=embedder)
     assert ix.search("wrap a paragraph of text", 3) == []  # nothing of the old format is read
     r = ix.sync()
     assert r.rebuilt == "index format changed" and r.chunks == n
-    assert ix.info()["format"] == "composer-index-6"
+    assert ix.info()["format"] == "composer-index-7"
     assert top_paths(ix, "wrap a paragraph of text to a fixed line width", 1) == ["textwrap.py"]
     consistent(ix)
     ix.close()
