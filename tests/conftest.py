@@ -64,28 +64,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture(scope="session")
-def tiny_copy(tmp_path_factory):
-    """`tiny_copy(path, **kw)`: serve.tiny's build_tiny_checkpoint(path, **kw), built once per session for each
-    set of arguments and copied to `path` (same files: the build is seeded and writes no path into them).
-    tests/agent, tests/serve and tests/train each built the same hermes checkpoint (a tokenizer trained, a
-    model written: ~3-6 s apiece on 2 cores); each still gets a folder of its own to write in."""
-    import shutil
-
-    built: dict[str, Path] = {}
-
-    def make(path: Path, **kw) -> Path:
-        from serve.tiny import build_tiny_checkpoint
-
-        key = repr(sorted(kw.items()))
-        if key not in built:
-            built[key] = build_tiny_checkpoint(tmp_path_factory.mktemp("tiny-built") / "tiny", **kw)
-        shutil.copytree(built[key], path)
-        return Path(path)
-
-    return make
-
-
 def git(cwd: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
 

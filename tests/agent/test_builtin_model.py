@@ -29,8 +29,10 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fi
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tiny_copy, tmp_path_factory) -> Path:
-    return tiny_copy(tmp_path_factory.mktemp("builtin") / "composer-tiny", template="hermes")
+def checkpoint(tmp_path_factory) -> Path:
+    from serve.tiny import build_tiny_checkpoint
+
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("builtin") / "composer-tiny")
 
 
 def serve_children(marker: Path | None) -> list[int]:

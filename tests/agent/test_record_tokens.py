@@ -19,6 +19,7 @@ from agent.config import Config, ConfigError
 from agent.scripted import ScriptedServer
 from agent.session import find_session, load
 from serve.chat_format import ChatFormat
+from serve.tiny import build_tiny_checkpoint
 from tests.serve.conftest import start_server
 
 from .test_headless import run_agent
@@ -27,8 +28,8 @@ TOKEN_KEYS = {"prompt_token_ids", "completion_token_ids", "completion_logprobs",
 
 
 @pytest.fixture(scope="module")
-def ckpt(tiny_copy, tmp_path_factory) -> Path:
-    return tiny_copy(tmp_path_factory.mktemp("ckpt") / "tiny-hermes", template="hermes")
+def ckpt(tmp_path_factory) -> Path:
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-hermes", template="hermes")
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
-def tiny_hermes(tiny_copy, tmp_path_factory) -> Path:
-    return tiny_copy(tmp_path_factory.mktemp("ckpt") / "tiny-hermes", template="hermes")
+def tiny_hermes(tmp_path_factory) -> Path:
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-hermes", template="hermes")
 
 
 @pytest.fixture(scope="session")

@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from serve.tiny import build_tiny_checkpoint
+
 
 @pytest.fixture(scope="session")
-def tiny(tiny_copy, tmp_path_factory) -> Path:
-    return tiny_copy(tmp_path_factory.mktemp("ckpt") / "tiny", template="hermes")
+def tiny(tmp_path_factory) -> Path:
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", template="hermes")
 
 
 @pytest.fixture(autouse=True)
