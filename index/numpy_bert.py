@@ -114,7 +114,7 @@ class NumpyBert:
 
     def _forward(self, ids: np.ndarray) -> np.ndarray:
         n = len(ids)
-        x = self.word[ids] + self.pos[:n] + self.type0
+        x = self.word[ids].astype(np.float32) + self.pos[:n] + self.type0
         x = _layer_norm(x, *self.ln0, self.eps)
         h = self.heads
         d = x.shape[1] // h
@@ -140,7 +140,7 @@ _DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64}
 
 def _mapped(path: Path) -> dict[str, np.ndarray]:
     """The tensors of a safetensors file as read-only memory-mapped arrays (float32: float16 weights
-    are converted, which reads them). The format is an 8-byte header length, a JSON header giving
+    other than the word-piece table are converted, which reads them). The format is an 8-byte header length, a JSON header giving
     each tensor's dtype, shape and byte range, then the data."""
     with open(path, "rb") as f:
         n = int.from_bytes(f.read(8), "little")
@@ -152,7 +152,9 @@ def _mapped(path: Path) -> dict[str, np.ndarray]:
             continue
         a, b = meta["data_offsets"]
         arr = data[a:b].view(_DTYPES[meta["dtype"]]).reshape(meta["shape"])
-        out[name] = arr if arr.dtype == np.float32 else arr.astype(np.float32)
+        # The word-piece table stays mapped in its stored dtype (rows are cast when gathered):
+        # converting a float16 table whole would read all 23 MB of it for every query process.
+        out[name] = arr if arr.dtype == np.float32 or "word_embeddings" in name else arr.astype(np.float32)
     return out
 
 
