@@ -39,7 +39,7 @@ import sys
 import time
 import zlib
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -215,7 +215,7 @@ def compare(off: dict, other: dict) -> dict:
     for r in other["requests"]:
         w = a[r["id"]]
         if r["ids"] != w["ids"]:
-            n = next((i for i, (x, y) in enumerate(zip(r["ids"], w["ids"])) if x != y), min(len(r["ids"]), len(w["ids"])))
+            n = next((i for i, (x, y) in enumerate(zip(r["ids"], w["ids"], strict=False)) if x != y), min(len(r["ids"]), len(w["ids"])))
             differ.append({"id": r["id"], "first_difference": n, "tokens": [len(w["ids"]), len(r["ids"])]})
             continue
         for x, y in zip(r["logprobs"], w["logprobs"], strict=True):
@@ -421,7 +421,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     name = "spec-fixed" if args.fixed else "spec"
     meta = {"command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
             "machine": {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
                         "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "cpu_kernels": kernels,
                         "load_avg": os.getloadavg()},
