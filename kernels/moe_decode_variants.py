@@ -310,10 +310,11 @@ def moe_decode_variant(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weigh
     return run.rows().sum(dim=1).to(x_TD.dtype) if reduce else run.rows()
 
 
-def tuned_decode(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: torch.Tensor, w13: MXFP8Tensor,
-                 w2: MXFP8Tensor, reduce: bool = True) -> torch.Tensor | None:
-    """kernels/moe_triton.py's hook: the layer as the device's tuned table says for this shape, or None where
-    the table has no entry or names the default path (the caller then runs what it always ran)."""
+def tuned_choice(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, w13: MXFP8Tensor,
+                 w2: MXFP8Tensor) -> VariantConfig | str | None:
+    """kernels/moe_triton.py's hook: what the device's tuned table says for this shape: a variant's config,
+    "grouped" (the sorted grouped kernels, which moe_triton owns), or None where the table has no entry or
+    names the default path (the caller then runs what it always ran)."""
     from kernels.tuning import DTYPES, lookup
 
     T, D = x_TD.shape
@@ -322,12 +323,4 @@ def tuned_decode(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK:
     entry = lookup("moe_decode", DTYPES[x_TD.dtype], T=T, D=D, I=w2.shape[2], E=w13.shape[0], K=topk_ids_TK.shape[1])
     if entry is None or entry["variant"] == "default":
         return None
-    if entry["variant"] == "grouped":
-        from kernels.moe_decode_triton import DECODE_MAX_TOKENS
-        from kernels.moe_triton import choose_tiles, fused_moe_mxfp8
-
-        if T > DECODE_MAX_TOKENS:
-            return None  # the grouped kernels are already the default there
-        return fused_moe_mxfp8(x_TD, topk_ids_TK, topk_weights_TK, w13, w2, mma="dequant", tiles=choose_tiles(T),
-                               reduce=reduce)
-    return moe_decode_variant(x_TD, topk_ids_TK, topk_weights_TK, w13, w2, VariantConfig.from_json(entry), reduce)
+    return "grouped" if entry["variant"] == "grouped" else VariantConfig.from_json(entry)

@@ -47,7 +47,7 @@ from kernels.backend import interpreting
 from kernels.launches import launch
 from kernels.moe_align import moe_align_block_size
 from kernels.moe_decode_triton import DECODE_MAX_TOKENS, fused_moe_mxfp8_decode
-from kernels.moe_decode_variants import tuned_decode
+from kernels.moe_decode_variants import moe_decode_variant, tuned_choice
 from kernels.mxfp8 import MXFP8Tensor
 from kernels.mxfp8_triton import mx_rows_matmul, mx_swiglu_rows
 
@@ -186,9 +186,12 @@ def fused_moe_mxfp8(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_
     mma = default_mma(x_TD.device) if mma == "auto" else mma
     if mma not in ("dequant", "dot_scaled"):
         raise ValueError(f"mma must be 'auto', 'dequant' or 'dot_scaled', not {mma!r}")
-    if mma == "dequant" and tiles is None and (out := tuned_decode(x_TD, topk_ids_TK, topk_weights_TK, w13, w2,
-                                                               reduce)) is not None:
-        return out  # this GPU's tuned table (kernels/tuning.py) picked a decode variant for this shape
+    if mma == "dequant" and tiles is None and (choice := tuned_choice(x_TD, topk_ids_TK, w13, w2)) is not None:
+        # this GPU's tuned table (kernels/tuning.py) picked a decode variant, or the grouped kernels, for this shape
+        if choice != "grouped":
+            return moe_decode_variant(x_TD, topk_ids_TK, topk_weights_TK, w13, w2, choice, reduce)
+        if T <= DECODE_MAX_TOKENS:
+            tiles = choose_tiles(T)  # the sorted grouped path below instead of the decode kernels
     if T <= DECODE_MAX_TOKENS and mma == "dequant" and tiles is None:  # few tokens: GEMV-shaped, no sort
         return fused_moe_mxfp8_decode(x_TD, topk_ids_TK, topk_weights_TK, w13, w2, reduce)
     tiles = tiles or choose_tiles(T)

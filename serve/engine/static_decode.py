@@ -52,8 +52,7 @@ from serve.engine.sampling import (
     sample_rows,
 )
 from serve.engine.sequence import Sequence
-from serve.model import numerics
-from serve.model.decode import decode_forward, prepare_for_decode
+from serve.model.decode import decode_forward, fixed_decode_forward, prepare_for_decode
 from serve.model.qwen3_moe import Qwen3MoeModel
 
 log = logging.getLogger(__name__)
@@ -192,7 +191,7 @@ class StaticDecoder:
         f = self.dev[: FIELDS * b_max].view(FIELDS, b_max)[:, :size]
         tables_BN = self.dev[FIELDS * b_max :].view(b_max, self.max_blocks)[:size]
         slots_B = f[SLOT].long()
-        forward = numerics.decode_forward if self.model.batch_invariant else decode_forward
+        forward = fixed_decode_forward if self.model.batch_invariant else decode_forward
         logits_BV = forward(self.model, f[ID].long(), f[POS].long(), slots_B, tables_BN, f[LEN], self.kv,
                             self.block_size, self.routes)
         rows = RowParams(temperature_B=f[TEMP].view(torch.float32), top_k_B=f[TOP_K].long(),

@@ -26,8 +26,9 @@ import torch
 import torch.nn.functional as F
 
 from kernels import moe_forward
-from kernels.fused import add_rms_norm, qk_norm_rope_cache, router_topk
+from kernels.fused import add_rms_norm, apply_rope, qk_norm_rope_cache, router_topk
 from kernels.paged_attention import paged_decode_attention
+from serve.model import numerics
 from serve.model.qwen3_moe import Attention, Qwen3MoeModel, SparseMoE
 
 
@@ -74,3 +75,36 @@ def decode_forward(model: Qwen3MoeModel, ids_B: torch.Tensor, positions_B: torch
     h_BD, _ = add_rms_norm(x_BD, residual_BD, model.norm.weight, eps)
     logits_BV = F.linear(h_BD, model.embed_tokens.weight) if model.lm_head is None else model.lm_head(h_BD)
     return logits_BV.float()
+
+
+def fixed_decode_forward(model: Qwen3MoeModel, ids_B: torch.Tensor, positions_B: torch.Tensor, slots_B: torch.Tensor,
+                   tables_BN: torch.Tensor, lens_B: torch.Tensor, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+                   block_size: int, routes_SMK: torch.Tensor | None = None) -> torch.Tensor:
+    """`decode_forward`'s contract (the static decode step: fixed-shape device tensors,
+    nothing read on the host, so it can be captured in a CUDA graph) for a model in the fixed mode: the
+    layers' own ops in `DecoderLayer.forward`'s order, with attention reading the paged cache in place
+    through the same kernel the eager path runs on gathered keys (the same arithmetic, so the same bits).
+    Each row is one query with its own block table and length: a padding row (length 0) gives zeros."""
+    if model.batch_invariant != "fixed":
+        raise ValueError("fixed_decode_forward runs the fixed mode's kernels: set_batch_invariant('fixed') first")
+    kernels = numerics._kernels()
+    B = ids_B.shape[0]
+    x_BD = model.embed_tokens(ids_B)
+    cos_BC, sin_BC = model.cos_sin(positions_B, x_BD.dtype)
+    for layer, (k_cache, v_cache) in zip(model.layers, kv_caches, strict=True):
+        attn, mode = layer.self_attn, "fixed"
+        h_BD = layer.input_layernorm(x_BD)
+        q_BHC = attn.q_norm(numerics.proj(attn.q_proj, h_BD, mode).reshape(B, attn.h, attn.c))
+        k_BGC = attn.k_norm(numerics.proj(attn.k_proj, h_BD, mode).reshape(B, attn.g, attn.c))
+        v_BGC = numerics.proj(attn.v_proj, h_BD, mode).reshape(B, attn.g, attn.c)
+        q_BHC, k_BGC = apply_rope(q_BHC, cos_BC, sin_BC), apply_rope(k_BGC, cos_BC, sin_BC)
+        k_cache.index_copy_(0, slots_B, k_BGC.to(k_cache.dtype))
+        v_cache.index_copy_(0, slots_B, v_BGC.to(v_cache.dtype))
+        o_BHC = kernels.attention(q_BHC[:, None], k_cache, v_cache, lens_B[:, None], tables_BN, block_size)[:, 0]
+        x_BD = x_BD + numerics.proj(attn.o_proj, o_BHC.reshape(B, attn.h * attn.c), mode)
+        h_BD = layer.post_attention_layernorm(x_BD)
+        if routes_SMK is not None and isinstance(layer.mlp, SparseMoE):  # routing replay: record the experts
+            x_BD = x_BD + layer.mlp(h_BD, record=(routes_SMK, slots_B))
+        else:
+            x_BD = x_BD + layer.mlp(h_BD)
+    return model.logits(model.norm(x_BD)).float()

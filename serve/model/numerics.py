@@ -47,7 +47,6 @@ import torch.nn.functional as F
 
 from kernels import batch_invariant as reference
 from kernels.backend import why_not_triton
-from kernels.fused import apply_rope
 from kernels.fused import rms_norm as _rms_norm
 from kernels.moe_reference import moe_reference
 
@@ -186,38 +185,3 @@ def moe(x_TD: torch.Tensor, ids_TK: torch.Tensor, weights_TK: torch.Tensor, w13,
     if _mode(mode) == "fixed":
         return _fixed("moe", x_TD, ids_TK, weights_TK, w13, w2)
     return moe_reference(x_TD, ids_TK, weights_TK, w13, w2, exact=True)
-
-
-def decode_forward(model, ids_B: torch.Tensor, positions_B: torch.Tensor, slots_B: torch.Tensor,
-                   tables_BN: torch.Tensor, lens_B: torch.Tensor, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                   block_size: int, routes_SMK: torch.Tensor | None = None) -> torch.Tensor:
-    """serve/model/decode.py's `decode_forward` contract (the static decode step: fixed-shape device tensors,
-    nothing read on the host, so it can be captured in a CUDA graph) for a model in the fixed mode: the
-    layers' own ops in `DecoderLayer.forward`'s order, with attention reading the paged cache in place
-    through the same kernel the eager path runs on gathered keys (the same arithmetic, so the same bits).
-    Each row is one query with its own block table and length: a padding row (length 0) gives zeros."""
-    if model.batch_invariant != "fixed":
-        raise ValueError("numerics.decode_forward runs the fixed mode's kernels: set_batch_invariant('fixed') first")
-    from serve.model.qwen3_moe import SparseMoE  # here: qwen3_moe imports this module
-
-    kernels = _kernels()
-    B = ids_B.shape[0]
-    x_BD = model.embed_tokens(ids_B)
-    cos_BC, sin_BC = model.cos_sin(positions_B, x_BD.dtype)
-    for layer, (k_cache, v_cache) in zip(model.layers, kv_caches, strict=True):
-        attn, mode = layer.self_attn, "fixed"
-        h_BD = layer.input_layernorm(x_BD)
-        q_BHC = attn.q_norm(proj(attn.q_proj, h_BD, mode).reshape(B, attn.h, attn.c))
-        k_BGC = attn.k_norm(proj(attn.k_proj, h_BD, mode).reshape(B, attn.g, attn.c))
-        v_BGC = proj(attn.v_proj, h_BD, mode).reshape(B, attn.g, attn.c)
-        q_BHC, k_BGC = apply_rope(q_BHC, cos_BC, sin_BC), apply_rope(k_BGC, cos_BC, sin_BC)
-        k_cache.index_copy_(0, slots_B, k_BGC.to(k_cache.dtype))
-        v_cache.index_copy_(0, slots_B, v_BGC.to(v_cache.dtype))
-        o_BHC = kernels.attention(q_BHC[:, None], k_cache, v_cache, lens_B[:, None], tables_BN, block_size)[:, 0]
-        x_BD = x_BD + proj(attn.o_proj, o_BHC.reshape(B, attn.h * attn.c), mode)
-        h_BD = layer.post_attention_layernorm(x_BD)
-        if routes_SMK is not None and isinstance(layer.mlp, SparseMoE):  # routing replay: record the experts
-            x_BD = x_BD + layer.mlp(h_BD, record=(routes_SMK, slots_B))
-        else:
-            x_BD = x_BD + layer.mlp(h_BD)
-    return model.logits(model.norm(x_BD)).float()

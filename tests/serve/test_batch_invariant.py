@@ -106,7 +106,7 @@ def test_fixed_mode_same_bits_alone_in_a_batch_and_in_the_trainer(small):
     # 64-key split of them (most return at once; the interpreter still pays for each)
     cfg = dict(dtype="bfloat16", batch_invariant="fixed", kv_cache_tokens=512, quant="none", max_model_len=256)
     whole = NativeEngine(str(small), EngineConfig(**cfg))  # eager decode steps
-    # decode steps through the static step (the GPU's, CUDA graphs there; numerics.decode_forward)
+    # decode steps through the static step (the GPU's, CUDA graphs there; serve/model/decode.py fixed_decode_forward)
     chunked = NativeEngine(str(small), EngineConfig(**cfg, max_batched_tokens=8, block_size=8, static_decode=True))
     try:
         assert "fixed-order kernels" in whole.describe() and whole.batch_invariant is True
