@@ -285,6 +285,17 @@ def _attn_rows(len_ptr, b, q0, g, Q, GROUP, BLOCK_T: tl.constexpr, BLOCK_G: tl.c
 
 
 @triton.jit
+def _merge_split(big_m, big_l, big_a, m_R, l_R, acc):
+    """One split's (max, sum, weighted values) folded into the running ones: the one merge that the
+    single-program and the split-parallel attention both use, so their arithmetic is the same."""
+    m_new = tl.maximum(big_m, m_R)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    a = tl.exp(big_m - m_safe)
+    c = tl.exp(m_R - m_safe)
+    return m_new, big_l * a + l_R * c, big_a * a[:, None] + acc * c[:, None]
+
+
+@triton.jit
 def _attn_store(o_ptr, o, b, t_R, h_R, ok_R, c_C, ok_C, stride_ob, stride_oq, stride_oh, O_BITS: tl.constexpr):
     if O_BITS:
         bits = o.to(tl.int32, bitcast=True)
@@ -320,13 +331,7 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, len_ptr, table_ptr, Q, GROUP, 
                                     page, scale, stride_kb, stride_kg, stride_kl, stride_vb, stride_vg, stride_vl,
                                     stride_tb, c_C, ok_C, BLOCK_T * BLOCK_G, BLOCK_C, BLOCK_N, PAGED, KV_BITS,
                                     F32_DOT, DOT)
-        m_new = tl.maximum(big_m, m_R)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        a = tl.exp(big_m - m_safe)
-        c = tl.exp(m_R - m_safe)
-        big_l = big_l * a + l_R * c
-        big_a = big_a * a[:, None] + acc * c[:, None]
-        big_m = m_new
+        big_m, big_l, big_a = _merge_split(big_m, big_l, big_a, m_R, l_R, acc)
     _attn_store(o_ptr, big_a / tl.where(big_l > 0, big_l, 1.0)[:, None], b, t_R, h_R, ok_R, c_C, ok_C,
                 stride_ob, stride_oq, stride_oh, Q_BITS)
 
@@ -382,13 +387,7 @@ def _attention_combine_kernel(m_ptr, l_ptr, a_ptr, o_ptr, len_ptr, Q, GROUP, H, 
         l_R = tl.load(l_ptr + base_R + sp, mask=ok_R, other=0.0)
         acc = tl.load(a_ptr + (base_R + sp)[:, None] * C + c_C[None, :], mask=ok_R[:, None] & ok_C[None, :],
                       other=0.0)
-        m_new = tl.maximum(big_m, m_R)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        a = tl.exp(big_m - m_safe)
-        c = tl.exp(m_R - m_safe)
-        big_l = big_l * a + l_R * c
-        big_a = big_a * a[:, None] + acc * c[:, None]
-        big_m = m_new
+        big_m, big_l, big_a = _merge_split(big_m, big_l, big_a, m_R, l_R, acc)
     _attn_store(o_ptr, big_a / tl.where(big_l > 0, big_l, 1.0)[:, None], b, t_R, h_R, ok_R, c_C, ok_C,
                 stride_ob, stride_oq, stride_oh, O_BITS)
 

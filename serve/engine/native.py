@@ -471,10 +471,14 @@ class NativeEngine(Engine):
         except Exception as e:  # noqa: BLE001 - reported to the caller; the old weights keep serving
             cmd.future.set_exception(e)
         finally:
-            self._reload = None
-            held, self._held = self._held, []
-            for item in held:
-                self._accept(item)
+            self._resume()
+
+    def _resume(self) -> None:
+        """After a reload or an idle call: what came in meanwhile is accepted, in arrival order."""
+        self._reload = None
+        held, self._held = self._held, []
+        for item in held:
+            self._accept(item)
 
     # -- in-process training (train/colocate.py) --------------------------------------------------------
 
@@ -491,10 +495,7 @@ class NativeEngine(Engine):
         except Exception as e:  # noqa: BLE001 - the caller's to handle; the engine serves on
             cmd.future.set_exception(e)
         finally:
-            self._reload = None
-            held, self._held = self._held, []
-            for item in held:
-                self._accept(item)
+            self._resume()
 
     def update_weights_in_place(self, copy: Callable[[object], object], version: int):
         """Run copy(model) on the engine thread with no sequence in flight: it writes new weights into the
