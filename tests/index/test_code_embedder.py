@@ -3,6 +3,7 @@ the training loss and the float16 export, and selecting the model that ships wit
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import sysconfig
 from pathlib import Path
@@ -14,8 +15,10 @@ from index import embed_mine
 from index.embed import CODE_MODEL, CODE_MODEL_DIR, MINILM, EmbedderError, load_embedder
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
-# Real third-party code that the `index` extra installs: sentence-transformers' utilities.
-ST_UTIL = Path(__import__("sentence_transformers").__file__).parent / "util"
+# Real third-party code that the `index` extra installs: sentence-transformers' utilities. Found, not
+# imported: importing it at collection imports transformers -> torchao -> triton before tests/kernels sets
+# TRITON_INTERPRET, and every interpreted kernel of the run then fails (tests/kernels/conftest.py).
+ST_UTIL = Path(importlib.util.find_spec("sentence_transformers").origin).parent / "util"
 
 
 def _tree(tmp_path: Path) -> tuple[Path, list[Path]]:
