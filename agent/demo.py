@@ -261,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
     # The demo repository needs no pytest plugins; loading every installed one (the dev extra has
     # heavy ones) makes each test run ~10x slower. The agent's shell commands inherit this too.
     os.environ.setdefault("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    # Nor the options of the user's own pytest set-up: PYTEST_ADDOPTS (e.g. --durations) changes the output
+    # the small built-in model reads after running the tests, and it then fixes the wrong line.
+    os.environ.pop("PYTEST_ADDOPTS", None)
     out = sys.stderr
     family = args.family or BUILTIN_FAMILY
     task = demo_task(family, args.seed)

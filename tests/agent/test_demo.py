@@ -176,8 +176,9 @@ needs_shipped = pytest.mark.skipif(
 
 @needs_shipped
 @pytest.mark.slow
-def test_the_builtin_model_solves_the_demo_task_with_no_endpoint(tmp_path):
+def test_the_builtin_model_solves_the_demo_task_with_no_endpoint(tmp_path, monkeypatch):
     tag = f"demo-{uuid.uuid4().hex}"
+    monkeypatch.setenv("PYTEST_ADDOPTS", "--durations=5")  # a user's own pytest options must not change the demo
     p = run_demo(tmp_path, "--dir", str(tmp_path / "d"), timeout=600, tag=tag)
     assert p.returncode == 0, p.stderr
     assert "small built-in model" in p.stderr and "demo: green" in p.stderr and "cannot rename" in p.stderr
