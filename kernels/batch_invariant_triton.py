@@ -285,6 +285,14 @@ def _attn_rows(len_ptr, b, q0, g, Q, GROUP, BLOCK_T: tl.constexpr, BLOCK_G: tl.c
 
 
 @triton.jit
+def _attn_query(q_ptr, b, t_R, h_R, ok_R, c_C, ok_C, stride_qb, stride_qq, stride_qh, Q_BITS: tl.constexpr):
+    """The rows' queries in float32 (bf16 widened by its bits), as both attention kernels read them."""
+    q_RC = tl.load(q_ptr + b * stride_qb + t_R[:, None] * stride_qq + h_R[:, None] * stride_qh + c_C[None, :],
+                   mask=ok_R[:, None] & ok_C[None, :], other=0)
+    return (q_RC.to(tl.int32) << 16).to(tl.float32, bitcast=True) if Q_BITS else q_RC.to(tl.float32)
+
+
+@triton.jit
 def _merge_split(big_m, big_l, big_a, m_R, l_R, acc):
     """One split's (max, sum, weighted values) folded into the running ones: the one merge that the
     single-program and the split-parallel attention both use, so their arithmetic is the same."""
@@ -319,9 +327,7 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, o_ptr, len_ptr, table_ptr, Q, GROUP, 
     t_R, h_R, ok_R, n_R = _attn_rows(len_ptr, b, tl.program_id(1) * BLOCK_T, g, Q, GROUP, BLOCK_T, BLOCK_G)
     c_C = tl.arange(0, BLOCK_C)
     ok_C = c_C < C
-    q_RC = tl.load(q_ptr + b * stride_qb + t_R[:, None] * stride_qq + h_R[:, None] * stride_qh + c_C[None, :],
-                   mask=ok_R[:, None] & ok_C[None, :], other=0)
-    q_RC = (q_RC.to(tl.int32) << 16).to(tl.float32, bitcast=True) if Q_BITS else q_RC.to(tl.float32)
+    q_RC = _attn_query(q_ptr, b, t_R, h_R, ok_R, c_C, ok_C, stride_qb, stride_qq, stride_qh, Q_BITS)
     big_m = tl.full((BLOCK_T * BLOCK_G,), float("-inf"), tl.float32)
     big_l = tl.zeros((BLOCK_T * BLOCK_G,), tl.float32)
     big_a = tl.zeros((BLOCK_T * BLOCK_G, BLOCK_C), tl.float32)
@@ -353,9 +359,7 @@ def _attention_split_kernel(q_ptr, k_ptr, v_ptr, m_ptr, l_ptr, a_ptr, len_ptr, t
     t_R, h_R, ok_R, n_R = _attn_rows(len_ptr, b, tl.program_id(1) * BLOCK_T, g, Q, GROUP, BLOCK_T, BLOCK_G)
     c_C = tl.arange(0, BLOCK_C)
     ok_C = c_C < C
-    q_RC = tl.load(q_ptr + b * stride_qb + t_R[:, None] * stride_qq + h_R[:, None] * stride_qh + c_C[None, :],
-                   mask=ok_R[:, None] & ok_C[None, :], other=0)
-    q_RC = (q_RC.to(tl.int32) << 16).to(tl.float32, bitcast=True) if Q_BITS else q_RC.to(tl.float32)
+    q_RC = _attn_query(q_ptr, b, t_R, h_R, ok_R, c_C, ok_C, stride_qb, stride_qq, stride_qh, Q_BITS)
     n_max = tl.max(n_R, 0)
     s0 = sp * SPLIT  # past every row's count: the loop runs no block and the partial is the empty one
     m_R, l_R, acc = _attn_split(q_RC, n_R, k_ptr, v_ptr, table_ptr, b, g, s0, tl.minimum(s0 + SPLIT, n_max),
