@@ -41,7 +41,8 @@ the rest; budgets are checked between measurements):
   reference on this device, then one RL step at the 4-layer Qwen3-30B-A3B shape, 8 x 2,048 tokens, half
   trained, micro-batches of 4,096 (bench/train_step.py): seconds, tokens/s, MFU of a measured bf16 matmul
   rate, peak memory against the memory plan, forward/backward/optimizer split; with and without
-  activation checkpointing.
+  activation checkpointing, then each trainer option of bench/train_step.py OPTIONS (e.g. the fused expert
+  backward) beside the default, each row naming its option; on a GPU a profiled step adds its top ops.
 - rl (only when named: `--sections rl`): a few colocated RL steps (bench/gpu_rl.py): the native engine and
   the trainer in this process on one device, 8 layers of the 30B shape (4 where the memory plan says 8 do
   not fit), random weights, one-turn synthetic tasks through the real agent loop with a scripted verifier:
@@ -1019,38 +1020,45 @@ def section_train(plan: Plan, report: Report, deadline: float) -> None:
     grad = torch.randn(T, D, device=dev, generator=g).to(dtype)
     grouped = grouped_available(dtype, torch.device(dev))
     ours = moe_backward(grad, x, ids, w, w13, w2, grouped=grouped)
+    fused = moe_backward(grad, x, ids, w, w13, w2, grouped=grouped, variant="fused")
     leaves = [t.clone().requires_grad_() for t in (x, w, w13, w2)]
     moe_reference(leaves[0], ids, leaves[1], leaves[2], leaves[3]).backward(grad)
     err = {name: float((a.float() - b.grad.float()).abs().max() / b.grad.float().abs().max())
            for name, a, b in zip(("x", "weights", "w13", "w2"), ours, leaves, strict=True)}
+    err_fused = {name: float((a.float() - b.grad.float()).abs().max() / b.grad.float().abs().max())
+                 for name, a, b in zip(("x", "weights", "w13", "w2"), fused, leaves, strict=True)}
     sync()
     times = {}
-    for name, flag in (("grouped", grouped), ("loop", False)):
-        if name == "grouped" and not grouped:
+    for name, flag, variant in (("grouped", grouped, "grouped"), ("fused", grouped, "fused"), ("loop", False, "grouped")):
+        if name != "loop" and not grouped:
             continue
-        moe_backward(grad, x, ids, w, w13, w2, grouped=flag)
+        moe_backward(grad, x, ids, w, w13, w2, grouped=flag, variant=variant)
         sync()
         t = time.perf_counter()
-        moe_backward(grad, x, ids, w, w13, w2, grouped=flag)
+        for _ in range(3):
+            moe_backward(grad, x, ids, w, w13, w2, grouped=flag, variant=variant)
         sync()
-        times[name] = time.perf_counter() - t
+        times[name] = (time.perf_counter() - t) / 3
     check = {"kind": "expert_backward", "tokens": T, "experts": E, "top_k": K, "grouped_mm": grouped,
-             "max_rel_err": err, "seconds": times}
+             "max_rel_err": err, "max_rel_err_fused": err_fused, "seconds": times}
     sec["rows"].append(check)
     log(f"expert backward ({'grouped GEMM' if grouped else 'per-expert loop'}): max relative error vs autograd "
-        f"{max(err.values()):.2e}; seconds {times}")
-    del x, ids, w, w13, w2, grad, ours, leaves
+        f"{max(err.values()):.2e} (fused variant {max(err_fused.values()):.2e}); seconds {times}")
+    del x, ids, w, w13, w2, grad, ours, fused, leaves
     free_memory()
     spec = importlib.util.spec_from_file_location("bench_train_step", ROOT / "bench" / "train_step.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     kw = dict(layers=4, seqs=8, length=2048) if CUDA else dict(layers=2, seqs=4, length=256)
-    for ckpt in (False, True):
+    # the default with and without checkpointing, then each trainer option of bench/train_step.py (OPTIONS)
+    # beside it in the same run; on a GPU the non-checkpointed runs add a profiled step (their top ops)
+    runs = [("default", False), ("default", True)] + [(o, False) for o in mod.OPTIONS if o != "default"]
+    for option, ckpt in runs:
         if time.perf_counter() > deadline:
-            sec["skipped"].append("the run's budget is spent")
-            break
+            sec["skipped"].append(f"{option}{' checkpointed' if ckpt else ''}: the run's budget is spent")
+            continue
         result = mod.measure("qwen3-30b-a3b" if CUDA else "reduced", micro_batch_tokens=4096, steps=3,
-                             activation_checkpointing=ckpt, log=log, **kw)
+                             activation_checkpointing=ckpt, log=log, option=option, profile=CUDA and not ckpt, **kw)
         sec["rows"].append({"kind": "step"} | {k: v for k, v in result.items() if k != "plan"})
         free_memory()
 

@@ -4,6 +4,7 @@ the split into forward, backward, optimizer and quantisation, beside the memory 
     python bench/train_step.py                      # GPU: 4 layers of Qwen3-30B-A3B, 8 x 2,048 tokens
     python bench/train_step.py --shape reduced      # CPU: a reduced shape (2 layers, hidden 256, 64 experts top-8)
     python bench/train_step.py --activation-checkpointing --steps 3 --json out.json
+    python bench/train_step.py --option default --option fused-expert-backward --profile   # side by side
 
 Random weights made on the device (TrainerConfig.load_format="dummy"), float32 masters with AdamW, the
 compute dtype composer-serve would use (bf16 on a GPU, float32 on a CPU), MXFP8 experts (straight
@@ -13,6 +14,11 @@ The first step is reported apart (allocation, autotuning); the figures are the m
 MFU = useful FLOPs / step time / the measured bf16 matmul rate (an 8192^3 matmul timed here, not the
 datasheet): 6 x (active parameters of the layers x every token + LM head x trained tokens) plus causal
 attention (6 x 2 x L/2 x heads x head_dim per token per layer). bench/gpu.py runs this as its "train" section.
+
+`--option NAME` (repeatable; OPTIONS) measures trainer options one after the other in this process, each on a
+fresh trainer, each result naming its option and TrainerConfig fields; `--profile` adds one more step under
+torch.profiler and records the 30 ops with the most device (CPU: host) time, so the next run says where the
+step goes rather than leaving it to be inferred.
 """
 
 from __future__ import annotations
@@ -32,6 +38,13 @@ from serve.model.config import QWEN3_30B_A3B  # noqa: E402
 
 REDUCED = dict(QWEN3_30B_A3B, vocab_size=32768, hidden_size=256, num_attention_heads=8, num_key_value_heads=2,
                head_dim=32, moe_intermediate_size=128, num_experts=64, num_experts_per_tok=8)
+
+
+OPTIONS: dict[str, dict] = {
+    "default": {},
+    # kernels/moe_grouped.py moe_backward_fused: 5 grouped GEMMs instead of 6, the SwiGLU backward in one kernel
+    "fused-expert-backward": {"expert_backward": "fused"},
+}
 
 
 def useful_flops(cfg: dict, seqs: int, length: int, trained: int) -> float:
@@ -94,6 +107,16 @@ class Peak:
         self.increase = self.peak - self.base
 
 
+def free_memory() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def status_kib(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
@@ -119,7 +142,7 @@ def make_samples(vocab: int, seqs: int, length: int):
 
 def measure(shape: str = "qwen3-30b-a3b", layers: int = 4, seqs: int = 8, length: int = 2048,
             micro_batch_tokens: int = 4096, steps: int = 3, activation_checkpointing: bool = False,
-            vocab_chunk: int = 16384, log=print) -> dict:
+            vocab_chunk: int = 16384, log=print, option: str = "default", profile: bool = False) -> dict:
     import torch
 
     from serve.model.config import ModelConfig
@@ -140,8 +163,13 @@ def measure(shape: str = "qwen3-30b-a3b", layers: int = 4, seqs: int = 8, length
         from serve.model.dummy import random_model
 
         trainer_module.load_model = random_model
+    if option not in OPTIONS:
+        raise ValueError(f"unknown option {option!r}: one of {', '.join(OPTIONS)}")
+    missing = [k for k in OPTIONS[option] if k not in known]
+    if missing:
+        raise ValueError(f"option {option!r} needs TrainerConfig fields this trainer lacks: {missing}")
     tc = TrainerConfig(mxfp8_experts=True, lr=1e-5, micro_batch_tokens=micro_batch_tokens,
-                       **{k: v for k, v in kw.items() if k in known})
+                       **{k: v for k, v in kw.items() if k in known}, **OPTIONS[option])
     t0 = time.perf_counter()
     trainer = Trainer(folder, tc)
     built = time.perf_counter() - t0
@@ -183,9 +211,11 @@ def measure(shape: str = "qwen3-30b-a3b", layers: int = 4, seqs: int = 8, length
         rows.append(row)
         log(f"step {i}: {dt:.3f} s, step's increase {peak.increase / 2**30:.3f} GiB, {row['tokens_per_s']} tokens/s, MFU {row['mfu']:.1%}, peak "
             f"{peak.peak / 2**30:.2f} GiB, phases {row['phases_s']}, expert quantizations {quants}")
+    top_ops = profile_step(trainer, samples, adv, device, log) if profile else None
     steady = rows[1:] or rows
     med = statistics.median(r["s"] for r in steady)
-    result = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "shape": shape,
+    result = {"option": option, "trainer_options": OPTIONS[option],
+              "device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "shape": shape,
               "config": {k: cfg[k] for k in ("num_hidden_layers", "hidden_size", "num_experts", "num_experts_per_tok",
                                              "moe_intermediate_size", "vocab_size")},
               "seqs": seqs, "len": length, "trained_tokens": trained, "micro_batch_tokens": micro_batch_tokens,
@@ -194,12 +224,41 @@ def measure(shape: str = "qwen3-30b-a3b", layers: int = 4, seqs: int = 8, length
               "first_step_s": rows[0]["s"], "step_s": med, "tokens_per_s": round(seqs * length / med),
               "mfu": round(flops / med / rate, 4), "quantize_all_experts_s": round(quant_s, 4),
               "peak_bytes": max(r["peak_bytes"] for r in rows), "plan_bytes": plan and round(plan.total),
-              "plan": plan and plan.as_dict(), "steps": rows}
-    log(f"median step {med:.3f} s, {result['tokens_per_s']} tokens/s, MFU {result['mfu']:.1%} of a measured "
+              "plan": plan and plan.as_dict(), "steps": rows, "profile_top_ops": top_ops}
+    log(f"[{option}] median step {med:.3f} s, {result['tokens_per_s']} tokens/s, MFU {result['mfu']:.1%} of a measured "
         f"{rate / 1e12:.2f} TFLOP/s; peak {result['peak_bytes'] / 2**30:.2f} GiB, plan "
         f"{plan.total / 2**30 if plan else float('nan'):.2f} GiB; "
         f"quantizing every expert once {quant_s:.3f} s")
     return result
+
+
+def profile_step(trainer, samples, adv, device: str, log=print, top: int = 30) -> list[dict]:
+    """One more step under torch.profiler: the `top` ops by self device time (host time on a CPU), with
+    calls and milliseconds, and the step's total of each."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    trainer.phase_times = None
+    with profile(activities=acts) as prof:
+        trainer.step(samples, adv)
+        if cuda:
+            torch.cuda.synchronize()
+    events = prof.key_averages()
+
+    def self_us(e) -> float:
+        return (getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)) if cuda \
+            else e.self_cpu_time_total
+
+    total = sum(self_us(e) for e in events) or 1.0
+    rows = sorted(events, key=self_us, reverse=True)[:top]
+    out = [{"op": e.key, "calls": e.count, "self_ms": round(self_us(e) / 1e3, 3),
+            "share": round(self_us(e) / total, 4)} for e in rows]
+    log(f"profile ({'device' if cuda else 'host'} self time, {total / 1e3:.1f} ms in all):")
+    for r in out[:15]:
+        log(f"  {r['self_ms']:9.3f} ms {r['share']:6.1%} x{r['calls']:<5} {r['op'][:100]}")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,19 +272,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--activation-checkpointing", action="store_true")
     p.add_argument("--vocab-chunk", type=int, default=16384, help="LM head slice (a value >= the vocabulary: unsliced)")
-    p.add_argument("--json", type=Path, help="write the result here")
+    p.add_argument("--option", action="append", choices=list(OPTIONS),
+                   help="trainer options to measure one after the other (default: default)")
+    p.add_argument("--profile", action="store_true", help="one more step under torch.profiler: its top ops")
+    p.add_argument("--json", type=Path, help="write the result here (a list when several options ran)")
     args = p.parse_args(argv)
     import torch
 
     gpu = torch.cuda.is_available()
     if not gpu:
         torch.set_num_threads(2)
-    result = measure(args.shape or ("qwen3-30b-a3b" if gpu else "reduced"), args.layers or (4 if gpu else 2),
-                     args.seqs or (8 if gpu else 4), args.len or (2048 if gpu else 512), args.micro_batch_tokens,
-                     args.steps, args.activation_checkpointing, args.vocab_chunk)
+    results = []
+    for option in args.option or ["default"]:
+        results.append(measure(args.shape or ("qwen3-30b-a3b" if gpu else "reduced"), args.layers or (4 if gpu else 2),
+                               args.seqs or (8 if gpu else 4), args.len or (2048 if gpu else 512),
+                               args.micro_batch_tokens, args.steps, args.activation_checkpointing, args.vocab_chunk,
+                               option=option, profile=args.profile))
+        free_memory()
+    if len(results) > 1:
+        base = results[0]["step_s"]
+        print("option                     step s   MFU    vs first")
+        for r in results:
+            print(f"{r['option']:26} {r['step_s']:7.3f} {r['mfu']:6.1%} {base / r['step_s']:7.2f}x")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2))
+        args.json.write_text(json.dumps(results[0] if len(results) == 1 else results, indent=2))
     return 0
 
 

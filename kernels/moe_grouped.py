@@ -134,14 +134,29 @@ def moe_grouped_forward(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weig
     return out_TD.index_add_(0, tok_P, y_P.to(acc) * weight_P[:, None]).to(x_TD.dtype)
 
 
+BACKWARDS = ("grouped", "fused")
+BACKWARD = ["grouped"]
+"""The process's expert backward (the trainer sets it from TrainerConfig.expert_backward; autograd runs a
+GPU's backward on its own thread, so this is a process setting, not a context): "grouped" is the one
+described at the top; "fused" (moe_backward_fused) skips the recomputed y = h @ w2.T and does the SwiGLU
+backward, the router weight and its gradient in one kernel (kernels/swiglu_triton.py)."""
+
+
 def moe_backward(grad_TD: torch.Tensor, x_TD: torch.Tensor, topk_ids_TK: torch.Tensor,
                  topk_weights_TK: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-                 grouped: bool | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                 grouped: bool | None = None, variant: str | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients (x [T, D], topk_weights [T, K], w13 [E, 2I, D], w2 [E, D, I]) of the MoE layer
-    out[t] = sum_k weight[t, k] * expert_{ids[t, k]}(x[t]), with w13/w2 the (dequantized) weights in x's dtype."""
-    T, K = topk_ids_TK.shape
+    out[t] = sum_k weight[t, k] * expert_{ids[t, k]}(x[t]), with w13/w2 the (dequantized) weights in x's dtype.
+    `variant`: one of BACKWARDS (default: BACKWARD[0])."""
+    variant = variant or BACKWARD[0]
+    if variant not in BACKWARDS:
+        raise ValueError(f"expert backward must be one of {BACKWARDS}, not {variant!r}")
     if grouped is None:
         grouped = grouped_available(x_TD.dtype, x_TD.device)
+    if variant == "fused":
+        return moe_backward_fused(grad_TD, x_TD, topk_ids_TK, topk_weights_TK, w13, w2, grouped)
+    T, K = topk_ids_TK.shape
     acc = acc_dtype(x_TD.dtype)
     order, tok_P, offs, x_P, gate, up, silu, h_P, y_P = _experts_on_pairs(x_TD, topk_ids_TK, w13, w2, grouped)
     weight_P = topk_weights_TK.reshape(-1)[order].to(acc)
@@ -156,4 +171,61 @@ def moe_backward(grad_TD: torch.Tensor, x_TD: torch.Tensor, topk_ids_TK: torch.T
     gx_P = grouped_mm(dgu_P, w13, offs, grouped)
     g_x = torch.zeros(T, x_TD.shape[1], dtype=acc, device=x_TD.device).index_add_(0, tok_P, gx_P.to(acc))
     g_weights = torch.empty(T * K, dtype=acc, device=x_TD.device).index_copy_(0, order, g_weight_P)
+    return g_x.to(x_TD.dtype), g_weights.view(T, K), g_w13, g_w2
+
+
+def swiglu_backward_reference(gate_up_PI2: torch.Tensor, ghu_PI: torch.Tensor, weight_P: torch.Tensor
+                              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """kernels/swiglu_triton.py's arithmetic in torch: (dgu [P, 2I], hw [P, I] in gate_up's dtype, g_w [P] in
+    its accumulation dtype), everything computed in that dtype and rounded once."""
+    acc = acc_dtype(gate_up_PI2.dtype)
+    inter = gate_up_PI2.shape[1] // 2
+    gate, up = gate_up_PI2[:, :inter].to(acc), gate_up_PI2[:, inter:].to(acc)
+    ghu, w = ghu_PI.to(acc), weight_P.to(acc)[:, None]
+    sig = torch.sigmoid(gate)
+    silu = gate * sig
+    h = silu * up
+    gh = ghu * w
+    dgu = torch.cat([gh * up * (sig * (1 + gate * (1 - sig))), gh * silu], dim=-1).to(gate_up_PI2.dtype)
+    return dgu, (h * w).to(gate_up_PI2.dtype), (ghu * h).sum(-1)
+
+
+def swiglu_backward(gate_up_PI2: torch.Tensor, ghu_PI: torch.Tensor, weight_P: torch.Tensor, backend: str = "auto"):
+    """The Triton kernel where it runs (a GPU, or the interpreter) for bf16/fp16/fp32, else the reference."""
+    from kernels.backend import use_triton
+
+    if gate_up_PI2.dtype != torch.float64 and use_triton(gate_up_PI2.device, backend):
+        from kernels.swiglu_triton import swiglu_backward_triton
+
+        return swiglu_backward_triton(gate_up_PI2, ghu_PI, weight_P)
+    return swiglu_backward_reference(gate_up_PI2, ghu_PI, weight_P)
+
+
+def moe_backward_fused(grad_TD: torch.Tensor, x_TD: torch.Tensor, topk_ids_TK: torch.Tensor,
+                       topk_weights_TK: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, grouped: bool
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """moe_backward with five grouped GEMMs instead of six and one elementwise kernel for the SwiGLU:
+
+        gate_up_P = x_P @ w13[e].T (recomputed)     ghu_P = grad[t_P] @ w2[e]   (unweighted)
+        dgu_P, hw_P, g_weight_P = swiglu_backward(gate_up_P, ghu_P, weight_P)
+        g_w2[e] = grad_e.T @ hw_e     g_w13[e] = dgu_e.T @ x_e     g_x[t] += dgu_P @ w13[e]
+
+    g_weight = <grad, h @ w2.T> is taken as <grad @ w2, h>, so y is never recomputed, and the gradient rows
+    are gathered in x's dtype (no float32 copies of [P, D]). Not bitwise the grouped variant: the SwiGLU's
+    products are rounded once (float32 inside), and the router weight multiplies h instead of the gradient
+    for g_w2; tests/kernels/test_moe_grouped.py holds both to autograd through the reference."""
+    T, K = topk_ids_TK.shape
+    acc = acc_dtype(x_TD.dtype)
+    order, tok_P, offs = sort_pairs(topk_ids_TK, w13.shape[0])
+    x_P = x_TD[tok_P]
+    gate_up_P = grouped_mm(x_P, w13.transpose(1, 2), offs, grouped)
+    go_P = grad_TD.to(x_TD.dtype)[tok_P]
+    ghu_P = grouped_mm(go_P, w2, offs, grouped)
+    weight_P = topk_weights_TK.reshape(-1)[order]
+    dgu_P, hw_P, g_weight_P = swiglu_backward(gate_up_P, ghu_P, weight_P)
+    g_w2 = grouped_wgrad(go_P, hw_P, offs, grouped)
+    g_w13 = grouped_wgrad(dgu_P, x_P, offs, grouped)
+    gx_P = grouped_mm(dgu_P, w13, offs, grouped)
+    g_x = torch.zeros(T, x_TD.shape[1], dtype=acc, device=x_TD.device).index_add_(0, tok_P, gx_P.to(acc))
+    g_weights = torch.empty(T * K, dtype=acc, device=x_TD.device).index_copy_(0, order, g_weight_P.to(acc))
     return g_x.to(x_TD.dtype), g_weights.view(T, K), g_w13, g_w2

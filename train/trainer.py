@@ -79,6 +79,11 @@ class TrainerConfig:
     vocabularies, and batch-invariant numerics, take the whole row at once, as the server does."""
     mxfp8_experts: bool = True
     """Experts forward through MXFP8 (as served) and are saved in MXFP8."""
+    expert_backward: str = "grouped"
+    """The experts' backward (kernels/moe_grouped.py BACKWARDS): "grouped" (six grouped GEMMs, the SwiGLU
+    backward in torch ops), or "fused" (five, with the SwiGLU backward, the router weight and its gradient
+    in one kernel: kernels/swiglu_triton.py; the same gradients up to rounding). A process setting: the
+    last Trainer built sets it."""
     device: str | None = None
     """cpu or cuda (default: cuda when available)."""
     seed: int = 0
@@ -106,6 +111,10 @@ class TrainerConfig:
             raise ValueError(f"load_format must be auto or dummy, not {self.load_format!r}")
         if self.dtype not in (None, *DTYPES):
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
+        from kernels.moe_grouped import BACKWARDS
+
+        if self.expert_backward not in BACKWARDS:
+            raise ValueError(f"expert_backward must be one of {', '.join(BACKWARDS)}, not {self.expert_backward!r}")
 
 
 
@@ -187,6 +196,9 @@ class Trainer:
         else:
             self.model = load_model(model_dir, device=self.device, dtype=master, quant="none")
         self.model.to_training(c.mxfp8_experts)
+        from kernels import moe_grouped
+
+        moe_grouped.BACKWARD[0] = c.expert_backward
         self.model.set_batch_invariant(c.batch_invariant)
         self.model.activation_checkpointing = c.activation_checkpointing
         if c.train_only:

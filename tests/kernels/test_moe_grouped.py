@@ -18,16 +18,17 @@ def reference_grads(x, ids, w, w13, w2, grad):
     return [t.grad for t in leaves]
 
 
+@pytest.mark.parametrize("variant", ["grouped", "fused"])
 @pytest.mark.parametrize("grouped", [True, False])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2), (torch.float64, 1e-12)])
-def test_gradients_equal_autograd_through_the_reference(grouped, dtype, tol):
+def test_gradients_equal_autograd_through_the_reference(grouped, dtype, tol, variant):
     if grouped and dtype == torch.float64:
         pytest.skip("torch._grouped_mm takes no float64: the loop path runs it")
     x, ids, w, w13, w2 = (t.to(dtype) if t.is_floating_point() else t
                           for t in make_layer(40, 8, 2, 64, 32, seed=3, skew=True))
     assert torch.bincount(ids.reshape(-1), minlength=8).min() == 0  # an expert nobody picked
     grad = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
-    ours = moe_backward(grad, x, ids, w, w13, w2, grouped=grouped)
+    ours = moe_backward(grad, x, ids, w, w13, w2, grouped=grouped, variant=variant)
     theirs = reference_grads(x, ids, w, w13, w2, grad)
     for name, a, b in zip(("x", "weights", "w13", "w2"), ours, theirs, strict=True):
         assert a.shape == b.shape, name
@@ -37,14 +38,15 @@ def test_gradients_equal_autograd_through_the_reference(grouped, dtype, tol):
     assert ours[2][unused].abs().max() == 0 and ours[3][unused].abs().max() == 0
 
 
-def test_grouped_path_runs_a_fixed_number_of_ops_whatever_the_experts():
+@pytest.mark.parametrize("variant", ["grouped", "fused"])
+def test_grouped_path_runs_a_fixed_number_of_ops_whatever_the_experts(variant):
     """No per-expert loop: the same ops for 4 experts or 64, and nothing that waits for the host."""
     counts = []
     for E in (4, 64):
         x, ids, w, w13, w2 = make_layer(64, E, 2, 64, 32, seed=E)
         grad = torch.randn_like(x)
         with OpCounter(strict=True) as c:
-            moe_backward(grad, x, ids, w, w13, w2, grouped=True)
+            moe_backward(grad, x, ids, w, w13, w2, grouped=True, variant=variant)
         counts.append(c.total)
     assert counts[0] == counts[1], counts
     with OpCounter() as loop:
@@ -97,3 +99,44 @@ def test_grouped_forward_never_waits_for_the_host_and_fits_the_cuda_kernel():
         out = moe_grouped_forward(torch.empty(T, 2048, **m), ids, torch.empty(T, 8, **m),
                                   torch.empty(128, 1536, 2048, **m), torch.empty(128, 2048, 768, **m), grouped=True)
         assert out.shape == (T, 2048) and out.dtype == torch.bfloat16
+
+
+def test_the_fused_backward_dispatches_fewer_kernels_and_one_grouped_gemm_less():
+    """Along the GPU code path (the SwiGLU kernel under the interpreter in this folder's tests): five grouped
+    GEMMs instead of six and far fewer elementwise kernels; an unknown variant is refused by name."""
+    x, ids, w, w13, w2 = (t.to(torch.bfloat16) if t.is_floating_point() else t
+                          for t in make_layer(64, 8, 2, 64, 32, seed=2))
+    grad = torch.randn_like(x)
+    counts = {}
+    for variant in ("grouped", "fused"):
+        with OpCounter(strict=True) as c:
+            moe_backward(grad, x, ids, w, w13, w2, grouped=True, variant=variant)
+        counts[variant] = c
+    assert counts["grouped"].ops["aten._grouped_mm"] == 6 and counts["fused"].ops["aten._grouped_mm"] == 5
+    assert counts["fused"].total < counts["grouped"].total - 10, (counts["fused"].total, counts["grouped"].total)
+    with pytest.raises(ValueError, match="expert backward must be one of"):
+        moe_backward(grad, x, ids, w, w13, w2, variant="fast")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_swiglu_kernel_equals_its_reference(dtype):
+    """kernels/swiglu_triton.py (the interpreter here, the GPU there) against moe_grouped's torch reference,
+    on an inter width that is not a power of two (masked lanes) and with a zero router weight."""
+    from kernels.moe_grouped import swiglu_backward_reference
+    from kernels.swiglu_triton import swiglu_backward_triton
+
+    g = torch.Generator().manual_seed(0)
+    P, inter = 13, 24
+    gu = (torch.randn(P, 2 * inter, generator=g) * 3).to(dtype)
+    ghu = torch.randn(P, inter, generator=g).to(dtype)
+    w = torch.rand(P, generator=g)
+    w[3] = 0
+    ours = swiglu_backward_triton(gu, ghu, w)
+    ref = swiglu_backward_reference(gu, ghu, w)
+    tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
+    for a, b in zip(ours, ref, strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert (a.float() - b.float()).abs().max() <= tol * b.float().abs().max()
+    assert ours[0][3].abs().max() == 0 and ours[1][3].abs().max() == 0  # weight 0: no gradient, h scaled to 0
+    with pytest.raises(ValueError, match="do not fit"):
+        swiglu_backward_triton(gu, ghu[:, :-1], w)
