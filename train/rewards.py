@@ -18,6 +18,9 @@ strict: the executor kindly coerces "5" to 5, a reward should not teach the mode
 Evidence: the claims of the final answer (tests pass, a file changed, ...) are checked against the
 episode's own tool log by agent/tasks/claims.py, the module evaluation counts them with; an unsupported
 or contradicted claim costs reward, passing or not (a false "the tests pass" is no better for passing).
+By default RL credits that cost to the claim's own tokens rather than to the episode
+(`evidence_on_claims`, train/claim_credit.py says why); `compose` still reports it as a component and
+in the total, which is what the logs show.
 
 Limits: an episode that ended in an infrastructure failure (status "error" other than the policy's own
 POLICY_ERRORS, or no "finished" record at all because the harness died) has `infra_error` set; `compose` refuses to score it: such episodes
@@ -66,6 +69,9 @@ class EpisodeStats:
     """Claims the tool log does not show either way (e.g. "the tests pass" with no test run after the last edit)."""
     contradicted_claims: int = 0
     """Claims the tool log shows to be false (e.g. "the tests pass" when the last run failed)."""
+    false_claims: tuple[str, ...] = ()
+    """The clauses of the unsupported and contradicted claims, as the answer wrote them (the tokens the
+    evidence penalty is credited to: train/claim_credit.py)."""
 
 
 def episode_stats(data: SessionData, passed: bool | None) -> EpisodeStats:
@@ -100,10 +106,12 @@ def episode_stats(data: SessionData, passed: bool | None) -> EpisodeStats:
             malformed += sum(_malformed(c, schemas, validators) for c in msg_calls)
         elif kind == "finished":
             finished, status, error_kind = True, rec.get("status"), rec.get("error_kind")
-    verdicts = [c.status for c in check_session(data)]
+    checked = check_session(data)
+    verdicts = [c.status for c in checked]
     return EpisodeStats(
         claims=len(verdicts), unsupported_claims=verdicts.count(UNSUPPORTED),
-        contradicted_claims=verdicts.count(CONTRADICTED), passed=passed, status=status, turns=turns, completion_tokens=completion, tool_calls=calls,
+        contradicted_claims=verdicts.count(CONTRADICTED),
+        false_claims=tuple(dict.fromkeys(c.text for c in checked if c.status in (UNSUPPORTED, CONTRADICTED))), passed=passed, status=status, turns=turns, completion_tokens=completion, tool_calls=calls,
         malformed_tool_calls=malformed, tool_calls_per_turn=calls / calling_turns if calling_turns else 0.0,
         # the policy's own failures (calls it kept writing unparsably) are scored, not masked
         infra_error=not finished or (status == "error" and error_kind not in POLICY_ERRORS),
@@ -236,6 +244,13 @@ class RewardConfig:
     """Penalty per claim the tool log shows false; 0 turns it off."""
     evidence_cap: float = 0.3
     """Largest evidence penalty per episode."""
+    evidence_on_claims: bool = True
+    """RL credits the evidence penalty to the tokens of the false claims alone, as their advantage (baseline
+    0, the pass reward's advantage withheld from them), and leaves it out of the episode's group-relative
+    advantage (train/claim_credit.py); false: folded into the episode's reward like the other terms."""
+    evidence_claim_weight: float = 3.0
+    """With evidence_on_claims, the claim tokens' advantage is this times the evidence penalty: 3 puts a
+    contradicted claim (0.2) at -0.6, about a failed episode's advantage in a group that half passes."""
     turn_cost: float = 0.0
     """Cost per model turn beyond `free_turns`; off by default."""
     free_turns: float = 0.0

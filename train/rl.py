@@ -35,6 +35,7 @@ from agent.tasks.eval import pass_at_k
 from agent.tools import default_registry
 from train.algo import LossConfig, group_advantages
 from train.checkpoint import read_policy
+from train.claim_credit import Decode, credit, normalizer_scale
 from train.progress import Progress
 from train.rewards import RewardConfig, compose
 from train.rollout import Episode, RolloutConfig, describe
@@ -47,11 +48,19 @@ if TYPE_CHECKING:
     from train.colocate import ColocateConfig
 
 
-def advantages_for(episodes: list[Episode], version: int, cfg: RLConfig, loss: LossConfig
-                   ) -> tuple[list, list[float], dict[str, int]]:
+def advantages_for(episodes: list[Episode], version: int, cfg: RLConfig, loss: LossConfig,
+                   reward: RewardConfig | None = None, decode: Decode | None = None
+                   ) -> tuple[list, list[float], dict[str, Any]]:
     """(samples, advantage per sample, counts) after masking infra failures and episodes sampled more
-    than cfg.max_staleness versions before `version`, the one this step trains."""
-    counts = {"infra_masked": 0, "dropped_stale": 0, "groups_skipped": 0}
+    than cfg.max_staleness versions before `version`, the one this step trains.
+
+    With `reward.evidence_on_claims` and a `decode` (token ids -> text), the evidence component is taken
+    out of the episode's reward and credited to its false claims' tokens instead (train/claim_credit.py);
+    not under cfg.shuffle_rewards, whose control shuffles whole rewards."""
+    on_claims = bool(reward and reward.evidence_on_claims and decode is not None and not cfg.shuffle_rewards)
+    counts: dict[str, Any] = {"infra_masked": 0, "dropped_stale": 0, "groups_skipped": 0}
+    if on_claims:
+        counts |= {"claim_credit_episodes": 0, "claim_credit_tokens": 0, "claim_credit_unlocated": 0}
     usable: list[Episode] = []
     for ep in episodes:
         if ep.infra_error or not ep.samples:
@@ -60,15 +69,18 @@ def advantages_for(episodes: list[Episode], version: int, cfg: RLConfig, loss: L
             counts["dropped_stale"] += 1
         else:
             usable.append(ep)
-    reward_of = {id(ep): ep.reward for ep in usable}
+    def own(ep: Episode) -> float:  # the part of the reward the episode's group-relative advantage ranks
+        return ep.reward - ep.components.get("evidence", 0.0) if on_claims else ep.reward
+
+    reward_of = {id(ep): own(ep) for ep in usable}
     if cfg.shuffle_rewards:
         order = list(range(len(usable)))
         random.Random(f"shuffle-rewards/{cfg.seed}/{version}").shuffle(order)  # not the task order's stream
-        reward_of = {id(ep): usable[j].reward for ep, j in zip(usable, order, strict=True)}
+        reward_of = {id(ep): own(usable[j]) for ep, j in zip(usable, order, strict=True)}
     by_group: dict[int, list[Episode]] = {}
     for ep in usable:
         by_group.setdefault(ep.group, []).append(ep)
-    samples, advs = [], []
+    samples, advs, unsplit = [], [], 0
     for group in by_group.values():
         if len(group) < 2:
             counts["groups_skipped"] += 1
@@ -77,10 +89,34 @@ def advantages_for(episodes: list[Episode], version: int, cfg: RLConfig, loss: L
         a = group_advantages(rewards, torch.zeros(len(group), dtype=torch.long), mode=loss.advantage,
                              std_normalize=loss.std_normalize)
         for ep, adv in zip(group, a.tolist(), strict=True):
-            for s in ep.samples:
+            unsplit += len(ep.samples)
+            penalty = ep.components.get("evidence", 0.0) if on_claims else 0.0
+            clauses = ep.stats.false_claims if ep.stats else ()
+            pairs, tokens = credit(ep.samples, adv, penalty, clauses, decode, reward.evidence_claim_weight
+                                   ) if on_claims else ([(s, adv) for s in ep.samples], 0)
+            if penalty and clauses and on_claims:
+                counts["claim_credit_episodes"] += 1
+                counts["claim_credit_tokens"] += tokens
+                counts["claim_credit_unlocated"] += not tokens
+            for s, adv_s in pairs:
                 samples.append(s)
-                advs.append(adv)
+                advs.append(adv_s)
+    if on_claims and len(samples) != unsplit:
+        scale = normalizer_scale(unsplit, len(samples), loss.aggregation, loss.normalizer)
+        advs = [x * scale for x in advs]
     return samples, advs, counts
+
+
+def claim_decoder(model_dir: str | Path) -> Decode | None:
+    """token ids -> text with the model's own tokenizer (special tokens kept, as the answer's span has
+    them), for crediting claims to their tokens; None when the checkpoint has no tokenizer.json."""
+    path = Path(model_dir) / "tokenizer.json"
+    if not path.is_file():
+        return None
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(path))
+    return lambda ids: tok.decode(list(ids), skip_special_tokens=False)
 
 
 def latest_checkpoint(out: Path) -> Path | None:
@@ -147,6 +183,10 @@ def run(model_dir: str | Path, tasks: list[Task], out: str | Path, cfg: RLConfig
                               threads=share))
     if base_url and server.version() != trainer.policy_version:
         server.load_weights(serve_from, trainer.policy_version)
+    reward_cfg = reward or RewardConfig()
+    decode = claim_decoder(model_dir) if reward_cfg.evidence_on_claims else None
+    if decode is not None:
+        normalizer_scale(1, 2, loss.aggregation, loss.normalizer)  # refuses 'seq_mean' now, not at step 1
     rollout = RolloutConfig(server.base_url, server.model, server.api_key, cfg.temperature, cfg.max_output_tokens,
                             vary_environment=cfg.vary_environment)
     spec_hash = default_registry().spec_hash()
@@ -176,7 +216,7 @@ def run(model_dir: str | Path, tasks: list[Task], out: str | Path, cfg: RLConfig
                 for ep in episodes:
                     f.write(json.dumps({"step": step, **describe(ep)}) + "\n")
             # staleness in versions: they count on from the start checkpoint's own, one a step
-            samples, advs, counts = advantages_for(episodes, trainer.policy_version, cfg, loss)
+            samples, advs, counts = advantages_for(episodes, trainer.policy_version, cfg, loss, reward_cfg, decode)
             m: dict[str, Any] = {"step": step, "policy_version": trainer.policy_version}
             m |= _episode_metrics(episodes, trainer.policy_version) | counts | getattr(rollouts, "last_counts", {})
             if samples:
