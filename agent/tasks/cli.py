@@ -4,7 +4,9 @@ SUITE is a tasks JSONL or a built-in suite (synthetic, synthetic-heldout, synthe
 suites are built into a tasks JSONL first: `python -m agent.tasks.stdlib_bugs --out DIR` (bugs injected
 into the standard library, DIR/tasks.jsonl) and `python -m agent.tasks.swebench INPUT.jsonl --out
 TASKS.jsonl --repos DIR` (SWE-bench-style rows over local repositories).
-`--expert` serves the scripted expert on loopback and evaluates it (a check of the verifiers; generated suites).
+`--expert` serves the scripted expert on loopback and evaluates it (a check of the verifiers; generated suites);
+`--expert --model expert-search` (or expert-grep) answers find-def questions by looking, through
+semantic_search first (or grep alone), not from the known plan (agent/tasks/expert_find.py).
 `composer-agent eval compare RUN_A RUN_B` compares two runs of the same tasks (agent/tasks/compare.py).
 Exit codes: 0 done, 2 bad usage or configuration (the message says which).
 """
@@ -40,7 +42,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--seed", type=int, help="sampling seed sent with every request (two seeds: two samples)")
     p.add_argument("--max-output-tokens", type=int, help="max_tokens per model turn (the built-in model's: 96)")
     p.add_argument("--no-sandbox", action="store_true", help="run shell commands without bubblewrap")
-    p.add_argument("--expert", action="store_true", help="evaluate the scripted expert (synthetic suites)")
+    p.add_argument("--expert", action="store_true",
+                   help="evaluate the scripted expert (synthetic suites); --model expert-search or expert-grep: "
+                        "find definitions by semantic search first or by grep alone")
     args = p.parse_args(argv)
 
     from agent.config import ConfigError, load_config
@@ -63,10 +67,14 @@ def main(argv: list[str]) -> int:
     tasks = tasks[: args.limit] if args.limit else tasks
     expert = None
     if args.expert:
-        from agent.tasks.expert import ExpertServer
+        from agent.tasks.expert_find import EXPERTS, expert_server
 
-        expert = ExpertServer(tasks).__enter__()
-        config = replace(config, base_url=expert.base_url, model="expert")
+        if args.model is not None and args.model not in EXPERTS:
+            print(f"composer-agent eval: error: with --expert, --model names the expert: {', '.join(EXPERTS)}",
+                  file=sys.stderr)
+            return 2
+        expert = expert_server(tasks, args.model).__enter__()
+        config = replace(config, base_url=expert.base_url, model=expert.model)
     try:
         from agent.client import ModelError, OpenAIClient
 
