@@ -6,9 +6,11 @@ What is swept, at the exact shapes a decode step launches (D 2048, I 768, 128 ex
 - the MoE layer at T = 1, 8, 32, 16, 64 tokens (batch, and speculative verification's 16-64): today's path
   (the decode kernels up to 16 tokens, the grouped kernels above) against kernels/moe_decode_variants.py's
   variants: dot / swap-AB / broadcast-FMA multiply, split-K over D for gate_up, and each kernel's tiles.
-  gate_up is swept first (per variant and split), then down for the best gate_up of each; the best pair is
-  timed as a whole layer against today's path and checked against its output; it is written only if it is
-  faster (else the entry says "default", which keeps today's path).
+  gate_up is swept first (per variant and split), then the fused kernel (gate_up, SwiGLU and down in one
+  launch, plus the sum of its per-slice partials) as whole layers, then down for the best gate_up of each;
+  the fastest of the pairs and the fused layers is timed as a whole layer against today's path and checked
+  against its output; it is written only if it is faster (else the entry says "default", which keeps
+  today's path).
 - the W8A16 FP8 kernel (kernels/fp8_linear_triton.py, --quant-dense fp8) at the q/k/v, o and LM-head
   shapes for 1-64 rows: BLOCK_N, split-K, warps/stages against today's `tiles` guess.
 
@@ -75,13 +77,16 @@ CPU_SHAPE = Shape(D=64, I=32, E=8, K=2, tokens=(1, 3), fp8_layers=(("tiny", 64, 
 
 @dataclass(frozen=True)
 class Candidates:
-    """gate_up: (variant, tiles) tried at each split of `splits(T)`; down: tiles per variant."""
+    """gate_up: (variant, tiles) tried at each split of `splits(T)`; down: tiles per variant; fused: (gate_up,
+    down) tiles of the fused kernel per variant (VariantConfig's fused fields), up to fused_max_tokens."""
 
     gate_up: dict[str, tuple[KernelTiles, ...]]
     down: dict[str, tuple[KernelTiles, ...]]
     splits: Callable[[int], tuple[int, ...]]
     fma_max_tokens: int  # the broadcast multiply holds [T, N, K] in registers: only for a few tokens
     fp8: tuple[tuple[int, int, int, int, int], ...]  # (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages)
+    fused: dict[str, tuple[tuple[KernelTiles, KernelTiles], ...]] = field(default_factory=dict)
+    fused_max_tokens: int = 0
 
 
 KT = KernelTiles
@@ -106,11 +111,21 @@ GPU_CANDIDATES = Candidates(
           "fma": (KT(16, 256, 4, 3), KT(32, 128, 4, 3))},
     splits=_gpu_splits, fma_max_tokens=4,
     fp8=((64, 128, 1, 4, 4), (32, 128, 1, 4, 4), (128, 128, 1, 4, 3), (64, 128, 2, 4, 4), (64, 128, 4, 4, 4),
-         (32, 128, 4, 4, 4), (64, 128, 8, 4, 4)))
+         (32, 128, 4, 4, 4), (64, 128, 8, 4, 4)),
+    # the fused kernel: (slice of I x D tile of gate/up rows, warps, stages), (w2's D tile, the sum's D tile).
+    # A 32-wide slice: 8 experts x 24 slices = 192 programs at 1 token. Up to 32 tokens: its float32 partials
+    # ([I / slice, T*K, D], written once and read once) are ~8% of the expert bytes at 1-16 tokens but a third
+    # at 64 (512 pairs x 24 slices x 8 KiB), where the two-launch kernels keep h in bf16.
+    fused={"dot": ((KT(32, 256, 4, 3), KT(64, 256, 4, 1)), (KT(64, 128, 4, 3), KT(64, 256, 4, 1)),
+                   (KT(32, 128, 4, 4), KT(128, 512, 4, 1))),
+           "swap": ((KT(64, 128, 4, 3), KT(128, 256, 4, 1)),),
+           "fma": ((KT(32, 256, 4, 3), KT(32, 256, 4, 1)),)},
+    fused_max_tokens=32)
 CPU_CANDIDATES = Candidates(gate_up={"dot": (KT(16, 32),), "fma": (KT(16, 64),)},
                             down={"dot": (KT(32, 32),), "fma": (KT(16, 32),)},
                             splits=lambda T: (1, 2) if T == 1 else (1,), fma_max_tokens=4,
-                            fp8=((32, 32, 1, 1, 1), (32, 32, 2, 1, 1)))
+                            fp8=((32, 32, 1, 1, 1), (32, 32, 2, 1, 1)),
+                            fused={"dot": ((KT(32, 64), KT(32, 64)),)}, fused_max_tokens=4)
 
 
 # -- timing ----------------------------------------------------------------------------------------------
@@ -322,8 +337,22 @@ def sweep_moe(shape: Shape, cands: Candidates, T: int, experts, deadline: float,
                  lambda cfg=cfg: seconds_per_launch([r.gate_up for r in variant_runs(lay, cfg)]))
         if t is not None and ((variant, split) not in best_gu or t < best_gu[(variant, split)][0]):
             best_gu[(variant, split)] = (t, tiles)
-    # down: for each variant, after its best gate_up without a split and its best with one
+    # the fused kernel, whole layers (its one launch + the sum of its partials): its own share of the time left
     pairs: list[tuple[float, VariantConfig]] = []
+    fused_deadline = time.perf_counter() + 0.4 * (deadline - time.perf_counter())
+    for variant, tiles_list in cands.fused.items() if T <= cands.fused_max_tokens else ():
+        if variant == "fma" and T > cands.fma_max_tokens:
+            continue
+        for gu_tiles, dn_tiles in tiles_list:
+            cfg = VariantConfig(variant, gu_tiles, dn_tiles, 1, fused=True)
+            if time.perf_counter() > fused_deadline:
+                sweep.skipped.append(f"moe T={T}: {cfg.label()} (budget)")
+                continue
+            t = _try(sweep, f"T={T} layer {cfg.label()}", lambda cfg=cfg: seconds_per_launch(
+                [lambda r=r: (r.gate_up(), r.down()) for r in variant_runs(lay, cfg)]))
+            if t is not None:
+                pairs.append((t, cfg))
+    # down: for each variant, after its best gate_up without a split and its best with one
     for variant in sorted({v for v, _ in best_gu}, key=lambda v: min(t for (w, _), (t, _) in best_gu.items() if w == v)):
         by_time = sorted((t, s) for (v, s), (t, _) in best_gu.items() if v == variant)
         picks = [s for _, s in by_time if s == 1] + [s for _, s in by_time if s > 1][:1]  # unsplit, best split
@@ -386,13 +415,17 @@ def kernel_bandwidth(shape: Shape, T: int, experts, copy_bw: float, sweep: Sweep
     for label, runs in which:
         for r in runs:
             r.gate_up()
-        for kernel, fns, nbytes in (("gate_up", [r.gate_up for r in runs], lay.bytes_gate_up),
-                                    ("down", [r.down for r in runs], lay.bytes_down)):
+        kernels = (("gate_up", lay.bytes_gate_up), ("down", lay.bytes_down))
+        if getattr(runs[0], "config", None) is not None and runs[0].config.fused:
+            # the fused kernel reads all the experts' bytes; the sum reads its float32 partials (no expert bytes)
+            kernels = (("fused gate_up+down", lay.bytes_gate_up + lay.bytes_down), ("sum of partials", 0))
+        for (kernel, expert), fns in zip(kernels, ([r.gate_up for r in runs], [r.down for r in runs]), strict=True):
             t = _try(sweep, f"bandwidth T={T} {label} {kernel}", lambda fns=fns: seconds_per_launch(fns))
             if t is None:
                 continue
+            nbytes = expert or runs[0].h.numel() * 4
             sweep.rows.append({"kind": "moe_kernel", "tokens": T, "kernel": kernel, "which": label, "us": t * 1e6,
-                               "expert_mb": nbytes / 1e6, "gb_s": nbytes / t / 1e9,
+                               "expert_mb": expert / 1e6, "gb_s": nbytes / t / 1e9,
                                "pct_copy": 100 * nbytes / t / copy_bw})
 
 

@@ -135,9 +135,10 @@ def _cases() -> list[tuple[str, Callable[[], None]]]:
         return lambda: fp8_linear_triton(torch.zeros(M, K, dtype=bf16), torch.zeros(N, K, dtype=torch.float8_e4m3fn),
                                          torch.ones(-(-N // 128), -(-K // 128)))
 
-    def variant(T: int, name: str, split: int, gate_up: KernelTiles, down: KernelTiles) -> Callable[[], None]:
+    def variant(T: int, name: str, split: int, gate_up: KernelTiles, down: KernelTiles,
+                fused: bool = False) -> Callable[[], None]:
         ids = torch.stack([torch.randperm(E)[:K] for _ in range(T)])
-        cfg = VariantConfig(name, gate_up, down, split)
+        cfg = VariantConfig(name, gate_up, down, split, fused)
         return lambda: moe_decode_variant(torch.zeros(T, D, dtype=bf16), ids, torch.ones(T, K, dtype=bf16), w13, w2, cfg)
 
     return [
@@ -153,6 +154,17 @@ def _cases() -> list[tuple[str, Callable[[], None]]]:
                                                       KernelTiles(64, 128, 8, 3))),
         ("moe decode variant swap, 32 tokens, split 2", variant(32, "swap", 2, KernelTiles(64, 128, 4, 3),
                                                                 KernelTiles(64, 128, 4, 3))),
+        # gate_up and down in one launch (+ the sum of its partials), at the GPU candidates' tiles
+        ("moe decode fused dot, 1 token", variant(1, "dot", 1, KernelTiles(32, 256, 4, 3), KernelTiles(64, 256, 4, 1),
+                                                  True)),
+        ("moe decode fused dot, 16 tokens, wide tiles", variant(16, "dot", 1, KernelTiles(32, 128, 4, 4),
+                                                                KernelTiles(128, 512, 4, 1), True)),
+        ("moe decode fused dot, 32 tokens", variant(32, "dot", 1, KernelTiles(64, 128, 4, 3),
+                                                    KernelTiles(64, 256, 4, 1), True)),
+        ("moe decode fused swap, 8 tokens", variant(8, "swap", 1, KernelTiles(64, 128, 4, 3),
+                                                    KernelTiles(128, 256, 4, 1), True)),
+        ("moe decode fused fma, 4 tokens", variant(4, "fma", 1, KernelTiles(32, 256, 4, 3),
+                                                   KernelTiles(32, 256, 4, 1), True)),
         ("fp8 linear, o projection, 1 row (split-K)", fp8(1, D, H * C)),
         ("fp8 linear, q/k/v, 64 rows", fp8(64, (H + 2 * G) * C, D)),
         ("fp8 linear, LM head, 4096-row prefill", fp8(4096, 151936, D)),

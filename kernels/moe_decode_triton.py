@@ -57,6 +57,17 @@ def _routed(ids_ptr, stride_it, T, j, TOP_K: tl.constexpr, BLOCK_T: tl.constexpr
 
 
 @triton.jit
+def weighted_rows_store(acc, weights_ptr, out_ptr, pair_T, hit_T, n_N, ok_N, stride_wt, stride_op,
+                        TOP_K: tl.constexpr):
+    """The down step's epilogue (every decode MoE kernel's): each routed token's row of acc [BLOCK_T, BLOCK_N]
+    times its pair's router weight (weights [T, K] at (t, k) = (pair // K, pair % K)), stored as float32
+    at the pair's row of out, columns n_N."""
+    weight_T = tl.load(weights_ptr + (pair_T // TOP_K) * stride_wt + pair_T % TOP_K, mask=hit_T, other=0.0)
+    acc = acc * weight_T.to(tl.float32)[:, None]
+    tl.store(out_ptr + pair_T[:, None] * stride_op + n_N[None, :], acc, mask=hit_T[:, None] & ok_N[None, :])
+
+
+@triton.jit
 def _gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, h_ptr, T, D, INTER,
                     stride_xt, stride_it, stride_we, stride_wn, stride_se, stride_sn, stride_hp,
                     TOP_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_KK: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -88,10 +99,7 @@ def _down_kernel(h_ptr, ids_ptr, weights_ptr, w_ptr, s_ptr, out_ptr, T, D, INTER
     acc = mx_rows_matmul(tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32), h_ptr, pair_T, hit_T, stride_hp,
                          w_ptr + expert * stride_we, s_ptr + expert * stride_se, n_N, ok_N, INTER, stride_wn,
                          stride_sn, BLOCK_T, BLOCK_N, BLOCK_K, False, F32_DOT, False)
-    # the pair's router weight: weights [T, K] at (t, k) = (pair // K, pair % K)
-    weight_T = tl.load(weights_ptr + (pair_T // TOP_K) * stride_wt + pair_T % TOP_K, mask=hit_T, other=0.0)
-    acc = acc * weight_T.to(tl.float32)[:, None]
-    tl.store(out_ptr + pair_T[:, None] * stride_op + n_N[None, :], acc, mask=hit_T[:, None] & ok_N[None, :])
+    weighted_rows_store(acc, weights_ptr, out_ptr, pair_T, hit_T, n_N, ok_N, stride_wt, stride_op, TOP_K)
 
 
 def decode_tiles(interpret: bool) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:

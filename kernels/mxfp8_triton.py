@@ -140,6 +140,31 @@ def quantize_rows_mx(a, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EXACT_CAST
 
 
 @triton.jit
+def mx_load(w_ptr, s_ptr, n_N, ok_N, k0, K, stride_wn, stride_sn, BLOCK_K: tl.constexpr, ALIGNED: tl.constexpr):
+    """One MXFP8 tile of W: codes [N, BLOCK_K] (rows n_N, columns k0.., zero from K on) and their E8M0
+    scales [N, BLOCK_K // 32] (one byte per 32 codes, 127 = 1.0 past K), each loaded once. ALIGNED: k0 is a
+    multiple of BLOCK_K, and the hints say so (the compiler cannot see it when k0 is a runtime split start),
+    so that codes arrive in 16-byte loads; hints change no value."""
+    k_K = k0 + tl.arange(0, BLOCK_K)
+    g_G = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+    if ALIGNED:
+        k_K = tl.max_contiguous(tl.multiple_of(k_K, BLOCK_K), BLOCK_K)
+        g_G = tl.max_contiguous(tl.multiple_of(g_G, BLOCK_K // 32), BLOCK_K // 32)
+    w_NK = tl.load(w_ptr + n_N[:, None] * stride_wn + k_K[None, :], mask=ok_N[:, None] & (k_K < K)[None, :],
+                   other=0.0)
+    s_NG = tl.load(s_ptr + n_N[:, None] * stride_sn + g_G[None, :], mask=ok_N[:, None] & (g_G < K // 32)[None, :],
+                   other=127)
+    return w_NK, s_NG
+
+
+@triton.jit
+def mx_dequant(w_NK, s_NG, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """float32 [N, BLOCK_K]: codes times their block's scale (exact: an fp8 code times a power of two)."""
+    return tl.reshape(tl.reshape(w_NK.to(tl.float32), (BLOCK_N, BLOCK_K // 32, 32))
+                      * e8m0_to_float32(s_NG)[:, :, None], (BLOCK_N, BLOCK_K))
+
+
+@triton.jit
 def mx_dot(acc, a, w_ptr, s_ptr, n_N, ok_N, k0, K, stride_wn, stride_sn,
            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_SCALED: tl.constexpr,
            F32_DOT: tl.constexpr, EXACT_CAST: tl.constexpr):
@@ -147,18 +172,12 @@ def mx_dot(acc, a, w_ptr, s_ptr, n_N, ok_N, k0, K, stride_wn, stride_sn,
     codes): the MoE kernels' one multiply. DOT_SCALED (sm_100+): a is quantized to MXFP8 in registers and
     both go to the block-scaled MMA. Else (sm_90, the interpreter): W is dequantized in registers, each
     scale broadcast over its 32 codes, and multiplied in bf16 (float32 with F32_DOT) into float32 acc."""
-    k_K = k0 + tl.arange(0, BLOCK_K)
-    w_NK = tl.load(w_ptr + n_N[:, None] * stride_wn + k_K[None, :], mask=ok_N[:, None] & (k_K < K)[None, :],
-                   other=0.0)
-    g_G = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-    s_NG = tl.load(s_ptr + n_N[:, None] * stride_sn + g_G[None, :], mask=ok_N[:, None] & (g_G < K // 32)[None, :],
-                   other=127)
+    w_NK, s_NG = mx_load(w_ptr, s_ptr, n_N, ok_N, k0, K, stride_wn, stride_sn, BLOCK_K, False)
     if DOT_SCALED:
         a_q, a_s = quantize_rows_mx(a.to(tl.float32), BLOCK_M, BLOCK_K, EXACT_CAST)
         acc = tl.dot_scaled(a_q, a_s, "e4m3", tl.trans(w_NK), s_NG, "e4m3", acc)
     else:
-        w = tl.reshape(tl.reshape(w_NK.to(tl.float32), (BLOCK_N, BLOCK_K // 32, 32))
-                       * e8m0_to_float32(s_NG)[:, :, None], (BLOCK_N, BLOCK_K))
+        w = mx_dequant(w_NK, s_NG, BLOCK_N, BLOCK_K)
         if F32_DOT:
             acc = tl.dot(a.to(tl.float32), tl.trans(w), acc, input_precision="ieee")
         else:

@@ -41,7 +41,8 @@ TUNED_DIR = Path(__file__).resolve().parent / "tuned"
 DEVICE_ENV = "COMPOSER_TUNED_DEVICE"  # read this device's table even without a GPU (tests, what-if runs)
 DIR_ENV = "COMPOSER_TUNED_DIR"  # another folder of tables (tests)
 
-# the variants of the decode MoE layer (kernels/moe_decode_variants.py runs them)
+# the variants of the decode MoE layer (kernels/moe_decode_variants.py runs them); a "dot", "swap" or "fma"
+# config with "fused": true runs gate_up and down in one launch (then a sum of its partials)
 MOE_VARIANTS = ("default", "grouped", "dot", "swap", "fma")
 _TILE_FIELDS = ("block_n", "block_k", "num_warps", "num_stages")
 # per kernel: the shape dimensions of a key (besides dtype), and the fields a config must carry
@@ -122,6 +123,10 @@ def _check_config(kernel: str, key: str, cfg: object) -> None:
                 raise ValueError(f"{where}: variant {variant!r} needs a {part!r} object of {', '.join(_TILE_FIELDS)}")
             positive_ints(cfg[part], _TILE_FIELDS, f"{part}.")
         positive_ints(cfg, ("split_k",), "")
+        if not isinstance(cfg.get("fused", False), bool):
+            raise ValueError(f"{where}: fused must be true or false, not {cfg['fused']!r}")
+        if cfg.get("fused") and cfg["split_k"] != 1:
+            raise ValueError(f"{where}: the fused kernel (gate_up and down in one launch) takes no split_k")
 
 
 @dataclass(frozen=True)

@@ -83,3 +83,68 @@ def test_bad_configs_and_sizes_are_refused(device):
     cfg = VariantConfig("dot", KernelTiles(16, 32), KernelTiles(16, 32))
     with pytest.raises(ValueError, match="1..64 tokens"):
         VariantLaunches(x.repeat(65, 1), ids.repeat(65, 1), w.repeat(65, 1), d13, d2, cfg)
+
+
+# ---------------------------------------------------------------- gate_up and down in one launch
+
+FUSED = (KernelTiles(32, 32), KernelTiles(32, 32))  # a 32-wide slice of I, 32-wide D tiles
+
+
+@pytest.mark.parametrize("case, variant", [("one-token-top4", "dot"), ("three-tokens-D96", "swap"),
+                                           ("three-tokens-D96", "fma"), ("eighteen-tokens-skewed", "dot")])
+def test_the_fused_kernel_matches_the_reference_in_two_launches_without_a_sync(case, variant, device):
+    """gate_up, SwiGLU and down in one kernel, its per-slice partials added in a fixed order by a second."""
+    from kernels.launches import on_launch
+
+    (x, ids, w, q13, q2), args = layer(case, device)
+    ref = moe_reference(x, ids, w, q13, q2)
+    cfg = VariantConfig(variant, *FUSED, fused=True)
+    got: list[str] = []
+    with torch.inference_mode(), on_launch(got.append), OpCounter(strict=True):
+        run = VariantLaunches(*args, cfg)
+        run.gate_up()
+        run.down()
+    assert got == ["moe_decode_fused", "moe_decode_sum"]
+    assert run.h.shape == (triton_cdiv(CASES[case][4], 32), CASES[case][0] * CASES[case][2], CASES[case][3])
+    out = run.rows().sum(1)
+    tol = 1e-5 if device.type == "cpu" else 3e-2
+    torch.testing.assert_close(out.cpu(), ref, rtol=tol, atol=tol * ref.abs().max().item())
+    again = moe_decode_variant(*args, cfg, reduce=False)  # the same bits: a fixed order, no atomics
+    assert torch.equal(again, run.rows())
+
+
+def test_the_fused_kernel_rounds_h_to_bfloat16_as_the_reference(device):
+    (x, ids, w, q13, q2), (xd, idsd, wd, d13, d2) = layer("one-token-top4", device, seed=5)
+    ref = moe_reference_dense(x.bfloat16(), ids, w, q13, q2)
+    out = moe_decode_variant(xd.bfloat16(), idsd, wd, d13, d2, VariantConfig("dot", *FUSED, fused=True))
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float().cpu(), ref, rtol=2e-2, atol=2e-2 * ref.abs().max().item())
+
+
+def test_fused_configs_round_trip_and_bad_ones_are_refused():
+    cfg = VariantConfig("swap", KernelTiles(64, 128), KernelTiles(128, 256, 4, 1), fused=True)
+    assert cfg.to_json()["fused"] is True and VariantConfig.from_json(cfg.to_json()) == cfg
+    assert "fused" not in VariantConfig("dot", *FUSED).to_json()  # the tables written before stay as they were
+    with pytest.raises(ValueError, match="no split_k"):
+        VariantConfig("dot", *FUSED, split_k=2, fused=True)
+    with pytest.raises(ValueError, match=">= 32"):
+        VariantConfig("dot", KernelTiles(16, 32), KernelTiles(32, 32), fused=True)
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@pytest.mark.slow
+def test_the_fused_kernel_at_the_30b_layer_shape_one_token(device):
+    """Qwen3-30B-A3B's layer (D 2048, I 768, top-8; 8 experts in all: the other 120 are never read) for one
+    token: the fused kernel at the GPU candidates' widest tiles against the reference."""
+    T, E, K, D, inter = 1, 8, 8, 2048, 768
+    x, ids, w, w13, w2 = make_layer(T, E, K, D, inter, seed=30)
+    q13, q2 = MXFP8Tensor.quantize(w13, backend="torch"), MXFP8Tensor.quantize(w2, backend="torch")
+    ref = moe_reference(x, ids, w, q13, q2)
+    on = (MXFP8Tensor(q13.data.to(device), q13.scales.to(device)), MXFP8Tensor(q2.data.to(device), q2.scales.to(device)))
+    cfg = VariantConfig("dot", KernelTiles(64, 256), KernelTiles(128, 512), fused=True)
+    out = moe_decode_variant(x.to(device), ids.to(device), w.to(device), *on, cfg)
+    gap = float((out.cpu() - ref).abs().max() / ref.abs().max())
+    assert gap < (1e-5 if device.type == "cpu" else 3e-2), gap

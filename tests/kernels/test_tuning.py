@@ -97,6 +97,8 @@ def test_without_a_gpu_or_a_named_device_no_table_is_read(monkeypatch):
     (json.dumps({"schema": 1, "device": FAKE, "entries": {"moe_decode": {moe_key(1): {"variant": "dot", "split_k": 1,
                                                                                        "gate_up": TILES}}}}),
      "needs a 'down' object"),
+    (json.dumps({"schema": 1, "device": FAKE, "entries": {"moe_decode": {moe_key(1): {
+        "variant": "dot", "split_k": 2, "gate_up": TILES, "down": TILES, "fused": True}}}}), "takes no split_k"),
     (json.dumps({"schema": 1, "device": FAKE, "entries": {"fp8_linear": {
         tuning.shape_key("fp8_linear", "bf16", M=1, N=64, K=256): fp8_cfg(0)}}}), "block_n must be a positive int"),
 ])
@@ -124,8 +126,8 @@ def test_the_fp8_kernel_takes_its_tiles_from_the_table(table_dir):
 def test_the_moe_seam_runs_the_variant_the_table_names(table_dir, device):
     """moe_forward on the Triton path with the table's entries: the variant it names (the decode variants at 17
     tokens, where today's path is align + the grouped kernels: tests/kernels/test_moe_decode.py; the grouped
-    kernels at 3), each matching the reference and without a host sync."""
-    shapes = {3: (16, 2), 17: (16, 1)}
+    kernels at 3; the fused kernel at 2), each matching the reference and without a host sync."""
+    shapes = {3: (16, 2), 17: (16, 1), 2: (16, 2)}
 
     def launches(T):
         E, K = shapes[T]
@@ -145,8 +147,11 @@ def test_the_moe_seam_runs_the_variant_the_table_names(table_dir, device):
     split = {"variant": "fma", "split_k": 2, "gate_up": wide, "down": wide}
     tuning.write_table(tuning.Table(FAKE, {"moe_decode": {
         tuning.shape_key("moe_decode", dtype, T=17, D=64, I=32, E=16, K=1): split,
-        tuning.shape_key("moe_decode", dtype, T=3, D=64, I=32, E=16, K=2): {"variant": "grouped"}}}))
+        tuning.shape_key("moe_decode", dtype, T=3, D=64, I=32, E=16, K=2): {"variant": "grouped"},
+        tuning.shape_key("moe_decode", dtype, T=2, D=64, I=32, E=16, K=2): {
+            "variant": "dot", "split_k": 1, "gate_up": wide, "down": wide, "fused": True}}}))
     assert launches(17) == ["moe_decode_gate_up", "moe_decode_down"]
+    assert launches(2) == ["moe_decode_fused", "moe_decode_sum"]  # gate_up and down in one launch
     assert launches(3) == ["moe_align", "moe_gate_up", "moe_down"]
 
 
