@@ -1,6 +1,6 @@
 """What one decode step dispatches along the GPU code path, counted on any machine.
 
-    TRITON_INTERPRET=1 python bench/decode_ops.py [--batch 2] [--draft 0] [--json]
+    TRITON_INTERPRET=1 python bench/decode_ops.py [--batch 2] [--draft 0] [--moe-fused] [--json]
 
 Builds a small Qwen3-MoE with random weights (MXFP8 experts; no C++ CPU kernels, no oneDNN packing: the
 code a GPU runs), prefills a few sequences, then runs decode steps of both paths under
@@ -11,6 +11,10 @@ For each: kernels per layer (aten ops that do work + Triton launches; views left
 the layers (embedding, rotary, final norm, LM head, sampling), host-synchronising or data-dependent
 ops, and whether the op sequence (with shapes) is the same at every context length: static shapes,
 what a CUDA graph needs. Per layer = (step with L layers - step with 1 layer) / (L - 1).
+
+--moe-fused: as if this GPU's tuned table (kernels/tuning.py) chose the fused decode MoE kernel (gate_up, SwiGLU
+and down in one launch, then the sum of its partials: kernels/moe_decode_variants.py) at every token count up
+to 64: a table written to a temporary folder and read as a fake device's.
 
 Without TRITON_INTERPRET=1 on a CPU the kernels' torch references run instead, and the counts are
 those of the references, not of the GPU.
@@ -122,6 +126,26 @@ def measure(path: str, config: dict, quant: str, batch: int, steps: int, device:
             "static_shapes": all(s == signatures[0] for s in signatures), "layer_ops": layer_ops}
 
 
+def fused_table(config: dict, dtype: torch.dtype) -> Path:
+    """A fake device's table naming the fused decode MoE kernel for this model's layer at 1..64 tokens, made
+    the one the kernels read (COMPOSER_TUNED_DIR / COMPOSER_TUNED_DEVICE); returns its folder."""
+    import os
+
+    from kernels import tuning
+    from kernels.moe_decode_variants import KernelTiles, VariantConfig
+
+    folder = Path(tempfile.mkdtemp())
+    cfg = VariantConfig("dot", KernelTiles(32, 64), KernelTiles(32, 64), fused=True).to_json()
+    dims = dict(D=config["hidden_size"], I=config["moe_intermediate_size"], E=config["num_experts"],
+                K=config["num_experts_per_tok"])
+    entries = {tuning.shape_key("moe_decode", tuning.dtype_name(dtype), T=T, **dims): cfg for T in range(1, 65)}
+    device = "decode-ops-fused-moe"
+    tuning.write_table(tuning.Table(device, {"moe_decode": entries}, {"date": "-", "triton": "-"}), folder)
+    os.environ[tuning.DIR_ENV], os.environ[tuning.DEVICE_ENV] = str(folder), device
+    tuning.reload()
+    return folder
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, default=2)
@@ -133,16 +157,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft", type=int, default=0,
                     help="static path: each sequence verifies a draft of this many tokens (speculative decoding's "
                          "verify step: a row per token)")
+    ap.add_argument("--moe-fused", action="store_true",
+                    help="count the fused decode MoE kernel (as a tuned table choosing it would run it)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = ap.parse_args(argv)
     dtype = getattr(torch, args.dtype)
+    if args.moe_fused:
+        fused_table(SMALL, dtype)
     results = [measure(p, SMALL, args.quant, args.batch, args.steps, args.device, dtype, args.draft)
                for p in ("static", "eager")]
     if args.json:
         print(json.dumps(results))
         return 0
     print(f"decode step, batch {args.batch}{f' verifying {args.draft} draft tokens each' if args.draft else ''}, {SMALL['num_hidden_layers']} layers, {args.dtype}, experts {args.quant}, "
-          f"{args.device}{' (Triton interpreter)' if _interpreting() else ''}")
+          f"{args.device}{' (Triton interpreter)' if _interpreting() else ''}"
+          f"{', fused decode MoE kernel (a tuned table choosing it)' if args.moe_fused else ''}")
     print(f"{'path':8} {'kernels/layer':>13} {'launches/layer':>14} {'outside':>8} {'syncs':>6}  static shapes")
     for r in results:
         print(f"{r['path']:8} {r['kernels_per_layer']:13.1f} {r['launches_per_layer']:14.1f} "
