@@ -44,6 +44,9 @@ OPTIONS: dict[str, dict] = {
     "default": {},
     # kernels/moe_grouped.py moe_backward_fused: 5 grouped GEMMs instead of 6, the SwiGLU backward in one kernel
     "fused-expert-backward": {"expert_backward": "fused"},
+    # kernels/rms_norm_triton.py: each RMSNorm's forward and backward one launch
+    "fused-norms": {"fused_norms": True},
+    "fused-all": {"expert_backward": "fused", "fused_norms": True},
 }
 
 

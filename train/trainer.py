@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from serve.cli import DTYPES
+from serve.model.layers import RMSNorm
 from serve.model.loader import load_model
 from serve.model.qwen3_moe import in_dtype
 from train.algo import LossConfig, policy_loss
@@ -84,6 +85,11 @@ class TrainerConfig:
     backward in torch ops), or "fused" (five, with the SwiGLU backward, the router weight and its gradient
     in one kernel: kernels/swiglu_triton.py; the same gradients up to rounding). A process setting: the
     last Trainer built sets it."""
+    fused_norms: bool = False
+    """The RMSNorms (input, post-attention, q and k heads, final) forward and backward as one Triton launch each
+    (kernels/rms_norm_triton.py: ~23 torch kernels per norm -> 3) where Triton runs (a GPU, or the
+    interpreter); elsewhere, and in batch-invariant numerics, the model's own ops. Same rounding points; the
+    mean's summation order differs."""
     device: str | None = None
     """cpu or cuda (default: cuda when available)."""
     seed: int = 0
@@ -116,6 +122,20 @@ class TrainerConfig:
         if self.expert_backward not in BACKWARDS:
             raise ValueError(f"expert_backward must be one of {', '.join(BACKWARDS)}, not {self.expert_backward!r}")
 
+
+
+class TrainingRMSNorm(RMSNorm):
+    """The model's RMSNorm whose differentiated forward runs kernels/rms_norm_triton.py (TrainerConfig.fused_norms)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from kernels.backend import use_triton
+
+        if (not self.exact and torch.is_grad_enabled() and x.dtype == self.weight.dtype
+                and x.dtype in (torch.bfloat16, torch.float16, torch.float32) and use_triton(x.device)):
+            from kernels.rms_norm_triton import rms_norm_train
+
+            return rms_norm_train(x, self.weight, self.eps)
+        return super().forward(x)
 
 
 def compute_dtype(model_dir: str | Path, dtype: str | None, device: torch.device) -> torch.dtype:
@@ -199,6 +219,10 @@ class Trainer:
         from kernels import moe_grouped
 
         moe_grouped.BACKWARD[0] = c.expert_backward
+        if c.fused_norms:
+            for m in self.model.modules():
+                if type(m) is RMSNorm:
+                    m.__class__ = TrainingRMSNorm  # the same module, parameters and all, with the fused kernels
         self.model.set_batch_invariant(c.batch_invariant)
         self.model.activation_checkpointing = c.activation_checkpointing
         if c.train_only:
