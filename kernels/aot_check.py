@@ -104,6 +104,8 @@ def _cases() -> list[tuple[str, Callable[[], None]]]:
     from kernels.mxfp8 import MXFP8Tensor
     from kernels.mxfp8_triton import dequantize_mxfp8_triton, quantize_mxfp8_triton
     from kernels.paged_attention_triton import paged_decode_attention_triton
+    from kernels.rms_norm_triton import rms_norm_train
+    from kernels.swiglu_triton import swiglu_backward_triton
 
     bf16 = torch.bfloat16
     D, H, G, C, E, K, inter, bs = 2048, 32, 4, 128, 8, 8, 768, 16
@@ -212,6 +214,11 @@ def _cases() -> list[tuple[str, Callable[[], None]]]:
             bi.attention(torch.zeros(1, 64, H, C, dtype=bf16), torch.zeros(1, G, 64, C, dtype=bf16),
                          torch.zeros(1, G, 64, C, dtype=bf16), torch.ones(1, 64, dtype=torch.int32)))),
         ("mxfp8 quantize", lambda: quantize_mxfp8_triton(torch.zeros(256, D, dtype=bf16))),
+        ("swiglu backward (the trainer's experts), I 768", lambda: swiglu_backward_triton(
+            torch.zeros(T * K, 2 * inter, dtype=bf16), torch.zeros(T * K, inter, dtype=bf16), torch.ones(T * K))),
+        ("rms norm for training, forward and backward, hidden and head rows", lambda: [
+            rms_norm_train(torch.zeros(T, n, dtype=bf16, requires_grad=True), torch.ones(n, dtype=bf16), 1e-6)
+            .backward(torch.ones(T, n, dtype=bf16)) for n in (D, C)]),
         ("mxfp8 dequantize", lambda: dequantize_mxfp8_triton(w2.data[0], w2.scales[0], bf16)),
     ]
 
@@ -236,10 +243,13 @@ def main(argv: list[str] | None = None) -> int:
     import kernels.moe_triton
     import kernels.mxfp8_triton
     import kernels.paged_attention_triton
+    import kernels.rms_norm_triton
+    import kernels.swiglu_triton
 
     modules = [kernels.batch_invariant_triton, kernels.fp8_linear_triton, kernels.fused_triton, kernels.moe_align_triton, kernels.moe_decode_triton,
                kernels.moe_decode_variants, kernels.moe_triton,
-               kernels.mxfp8_triton, kernels.paged_attention_triton]
+               kernels.mxfp8_triton, kernels.paged_attention_triton, kernels.rms_norm_triton,
+               kernels.swiglu_triton]
     failed = 0
     for arch in args.arch or [90, 100]:
         for what, call in _cases():
