@@ -1,11 +1,13 @@
 """Speculative decoding on replayed agent traffic: the native engine with speculation off, ngram and suffix.
 
-    python bench/spec.py [--quick] [--limit N] [--repeat 3] [--sets agent stdlib expert random] [--fixed]
+    python bench/spec.py [--quick] [--limit N] [--repeat 3] [--sets agent stdlib edit expert random] [--fixed]
                          [--sessions bench/spec-results/sessions] [--out bench/spec-results]
 
 Sets (recorded once by bench/spec_record.py into --sessions, replayed from there; see its docstring):
   agent   the built-in model's own eval episodes on synthetic-small;
-  stdlib  its episodes on bugs injected into real standard-library modules (prompts hold real source);
+  stdlib  its episodes on bugs injected into real standard-library modules (it greps; no source read);
+  edit    the edit-heavy set: bugs injected into real standard-library modules, a scripted read_file of
+          the real source around each bug, then the model's own turns (edits, test runs, answers);
   expert  the scripted expert's edit episodes, as contexts: the served model writes its own completions;
   random  12 chat prompts of random lowercase words (~150 tokens): text that never repeats.
 Each request's prompt ids are rendered as the server renders them (ChatFormat.render_ids of the exact
@@ -45,8 +47,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-SETS = ("agent", "stdlib", "expert", "random")
-EDIT_SETS = ("stdlib", "expert")
+SETS = ("agent", "stdlib", "edit", "expert", "random")
+EDIT_SETS = ("stdlib", "edit", "expert")
 METHODS = ("off", "ngram", "suffix")
 MAX_TOKENS = 256
 WARM_REQUESTS, WARM_TOKENS = 4, 48

@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from serve.engine.drafter import MAX_MATCH, DraftCache, Proposal, SeqDrafter, SpecConfig
+from serve.engine.drafter import MAX_MATCH, DraftCache, Proposal, SeqDrafter, SpecConfig, frequent_path
 from serve.engine.sampling import (
     GREEDY_BELOW,
     Pick,
@@ -42,32 +42,106 @@ from serve.engine.sequence import Sequence
 PROBE_EVERY = 16  # tokens between probes of a sequence whose acceptance is under the bar
 
 
+def _bucket(x: int) -> int:
+    """Batch sizes and draft totals as kept by StepCost: exact up to 16, then powers of two."""
+    return x if x <= 16 else 1 << (x - 1).bit_length()
+
+
+def _could_pay(q: float, k: int, n: int, factor: list[float]) -> bool:
+    """Whether a draft of 1..k tokens, each kept with chance q given those before it were, would give a
+    step of n sequences more expected tokens per second than none (the other sequences drafting nothing)."""
+    gain, p = 0.0, 1.0
+    for m in range(1, k + 1):
+        p *= q
+        gain += p
+        if (n + gain) / factor[m] > n:
+            return True
+    return False
+
+
 class StepCost:
-    """Seconds of a decode or verify step as a + b x rows, by exponentially weighted least squares. Until
-    the rows have varied enough to fit a slope, b is PRIOR_SLOPE x a."""
+    """Seconds of a decode step by (sequences decoding, draft tokens verified), learned from the engine's
+    own steps, so that whatever makes rows cheaper (kernels, a GPU, a smaller model) is used without a
+    constant to change. Kept as a plain step's time per batch size (an exponential average) and, per
+    (batch size, draft tokens), the ratio of a verifying step's time to the plain step's: the ratio is
+    the shape of the cost (on a CPU the first extra rows hit new experts and cost most, later ones less),
+    and a machine whose load drifts moves the base, not the shape. Draft lengths not seen SEEN times are
+    priced between the seen ones (cost never falls with more rows), beyond the longest seen one at the
+    last seen slope, and while none is seen at PRIOR_SLOPE of a plain step a row."""
 
     PRIOR_SLOPE = 1 / 32
-    DECAY = 0.98
+    ALPHA = 0.1  # weight of a new observation once a cell is seen
+    SEEN = 3
 
     def __init__(self) -> None:
-        self.w = self.t = self.tt = self.y = self.ty = 0.0
+        self.base: dict[int, list[float]] = {}  # batch bucket -> [seconds, observations]
+        self.ratio: dict[tuple[int, int], list[float]] = {}  # (batch bucket, draft bucket) -> [ratio, observations]
+        self.seqs = 1  # sequences in the step being planned (set by the planner before the step)
 
-    def observe(self, rows: int, seconds: float) -> None:
-        d = self.DECAY
-        self.w, self.t, self.tt = d * self.w + 1, d * self.t + rows, d * self.tt + rows * rows
-        self.y, self.ty = d * self.y + seconds, d * self.ty + rows * seconds
+    @staticmethod
+    def _update(cell: list[float], value: float, alpha: float) -> None:
+        if cell[1] >= StepCost.SEEN:  # one stalled step on a shared machine must not move it far
+            value = min(max(value, 0.5 * cell[0]), 2.0 * cell[0])
+        w = max(alpha, 1.0 / (cell[1] + 1))
+        cell[0] += w * (value - cell[0])
+        cell[1] += 1
 
-    def coeffs(self) -> tuple[float, float]:
-        if self.w == 0:
-            return 1.0, self.PRIOR_SLOPE
-        mt, my = self.t / self.w, self.y / self.w
-        var = self.tt / self.w - mt * mt
-        if var < 0.25:  # rows barely varied: no slope to read
-            a = my / (1 + self.PRIOR_SLOPE * mt)
-            return a, self.PRIOR_SLOPE * a
-        b = max((self.ty / self.w - mt * my) / var, 0.0)
-        a = max(my - b * mt, 0.05 * my)
-        return a, b
+    def observe(self, rows: int, seconds: float, seqs: int | None = None) -> None:
+        """A decode step of `rows` query rows over `seqs` sequences (default: the planned batch) took
+        `seconds` (its planning included)."""
+        n = min(seqs or self.seqs, rows)
+        if n <= 0 or seconds <= 0:
+            return
+        nb, extra = _bucket(n), rows - n
+        if extra == 0:
+            self._update(self.base.setdefault(nb, [seconds, 0]), seconds, self.ALPHA)
+            return
+        plain = self.base.get(nb)
+        if plain is None or plain[1] < 1:  # no plain step of this batch yet: nothing to relate it to
+            return
+        self._update(self.ratio.setdefault((nb, _bucket(extra)), [seconds / plain[0], 0]), seconds / plain[0], self.ALPHA)
+
+    def plain(self, n: int) -> float:
+        """Seconds of a plain decode step of n sequences (1.0 while none was seen: plans only use ratios)."""
+        nb = _bucket(n)
+        if nb in self.base:
+            return self.base[nb][0]
+        if not self.base:
+            return 1.0
+        near = min(self.base, key=lambda b: abs(b - nb))
+        return self.base[near][0] * max(nb, 1) / max(near, 1) if near < nb else self.base[near][0]
+
+    def factors(self, n: int, upto: int) -> list[float]:
+        """Steps verifying 0..upto draft tokens over n sequences, in plain steps of n."""
+        nb = _bucket(n)
+        seen, lo = {}, 1.0
+        for (b, e), c in sorted(self.ratio.items()):
+            if b == nb and c[1] >= self.SEEN:
+                lo = max(lo, c[0])  # monotone: more rows never cost less
+                seen[e] = lo
+        points = [(0, 1.0), *sorted(seen.items())]
+        # beyond the longest draft seen: the slope of the last stretch seen (on a CPU rows get cheaper as
+        # they add fewer new experts, so this errs high), or PRIOR_SLOPE while no draft was seen (cheap
+        # rows: drafts get tried, and their lengths vary, so the table fills with what they cost)
+        (ea, ra), (eb_, rb) = points[-2] if len(points) > 1 else (0, 1.0), points[-1]
+        beyond = (rb - ra) / (eb_ - ea) if eb_ > ea else self.PRIOR_SLOPE
+        out, j = [], 0
+        for extra in range(upto + 1):
+            eb = _bucket(extra) if extra else 0
+            while j + 1 < len(points) and points[j + 1][0] <= eb:
+                j += 1
+            e0, r0 = points[j]
+            if e0 == eb:
+                out.append(r0)
+            elif j + 1 < len(points):
+                e1, r1 = points[j + 1]
+                out.append(r0 + (r1 - r0) * (eb - e0) / (e1 - e0))
+            else:
+                out.append(r0 + beyond * (eb - e0))
+        return out
+
+    def cost(self, n: int, extra: int) -> float:
+        return self.plain(n) * self.factors(n, extra)[extra]
 
 
 class Speculator:
@@ -80,9 +154,10 @@ class Speculator:
         self.cache = DraftCache(config.cache_tokens) if config.method == "suffix" else None
         self.cost = StepCost()
         self.drafted = self.accepted = self.verifies = 0  # draft tokens, accepted ones, sequence-steps verifying
-        # acceptance per drafted token over recent verifications: a new sequence's prior (agent turns are
-        # short, so most of a sequence's life is spent before its own rate says anything)
-        self.accept_rate = 0.5
+        # a drafted token's chance of acceptance per unit of confidence, over recent verifications: a new
+        # sequence's prior (agent turns are short, so most of a sequence's life is spent before its own
+        # rate says anything)
+        self.accept_rate = 0.6
         self.plan_s = 0.0  # the last plan's seconds: part of the step it planned, for the cost model
 
     # -- drafting --------------------------------------------------------------------------------------
@@ -105,60 +180,67 @@ class Speculator:
             decoding.append(seq)
         if not decoding:
             return
-        a, b = self.cost.coeffs()
-        n = rows = float(len(decoding))
+        n, k_max = len(decoding), self.config.num_tokens
+        self.cost.seqs = n
         adaptive = self.config.adaptive
-        # the least a draft token must be expected to give: the bar only rises as tokens are added
-        bar = b * n / (a + b * rows) if adaptive else 0.0
-        if bar >= 1:  # not even a sure token would pay: do not look
+        factor = self.cost.factors(n, n * k_max) if adaptive else [1.0] * (n * k_max + 1)
+        # if no number e of sure tokens would pay for its step ((n + e) / factor[e] > n: a large batch on a
+        # CPU, where a row costs its share of the step), do not look
+        if adaptive and not any(factor[e] < 1 + e / n for e in range(1, n * k_max + 1)):
             return
-        cands: list[tuple[float, int, Sequence, list[int]]] = []
+        cands: list[tuple[float, int, Sequence]] = []
+        drafts: dict[int, list[int]] = {}
         for seq in decoding:
-            k = min(self.config.num_tokens, seq.params.max_tokens - seq.num_generated - 1,
-                    self.max_model_len - len(seq))
+            k = min(k_max, seq.params.max_tokens - seq.num_generated - 1, self.max_model_len - len(seq))
             if k <= 0:
                 continue
             rate = seq.spec.accept_rate if seq.spec is not None else self.accept_rate
-            # a sequence whose acceptance cannot clear the bar is not looked up (proposing costs ~0.1 ms a
-            # sequence: a tenth of a small batch's step), except every PROBE_EVERY tokens, when one draft
-            # token is verified whatever the bar, so that its acceptance keeps being measured
-            probe = adaptive and rate <= bar
+            # a sequence whose acceptance could not pay for any draft even at full confidence is not looked
+            # up (proposing costs ~0.1 ms a sequence: a tenth of a small batch's step), except every
+            # PROBE_EVERY tokens, when one draft token is verified, so that its acceptance keeps being measured
+            probe = adaptive and not _could_pay(rate, k, n, factor)
             if probe and seq.num_generated % PROBE_EVERY:
                 continue
             prop = self._propose(seq, 1 if probe else k)
             tokens = prop.tokens
             if seq.matcher is not None and tokens:  # a token the grammar forbids ends the draft
                 tokens = tokens[: seq.matcher.validate_tokens(tokens)]
-            if probe:
-                seq.draft = tokens[:1]
-                rows += len(seq.draft)
+            seq.spec.confidence = prop.confidence[: len(tokens)]
+            if probe or not adaptive:
+                seq.draft = tokens[:1] if probe else tokens
                 continue
-            g, trust = 1.0, prop.match / (prop.match + 1) * seq.spec.accept_rate
-            for i, c in enumerate(prop.confidence[: len(tokens)]):
-                g *= c * trust
-                cands.append((g, i, seq, tokens))
+            drafts[seq.id] = tokens
+            g, q = 1.0, seq.spec.accept_rate
+            for i, c in enumerate(seq.spec.confidence):
+                g *= min(1.0, q * c)  # the chance that this token is kept: those before it were, and it is
+                cands.append((g, i, seq))
+        if not cands:
+            return
+        # most likely tokens first (a draft's own tokens come in order: each is less likely than the one
+        # before); keep the count of tokens whose step gives the most expected tokens per second. The cost
+        # is not linear in rows, so every count is priced, not only up to the first that does not pay.
         cands.sort(key=lambda c: (-c[0], c[1]))
-        for g, i, seq, tokens in cands:
-            if len(seq.draft) != i:  # an earlier token of this draft was left out
+        extra = sum(len(s.draft) for s in decoding)  # the probes'
+        taken: dict[int, int] = {}
+        chosen: list[Sequence] = []
+        gain, best, best_value = 0.0, 0, n / factor[min(extra, len(factor) - 1)]
+        for g, i, seq in cands:
+            if taken.get(seq.id, 0) != i:
                 continue
-            if adaptive and g * (a + b * rows) <= b * n:  # (n + g) / (cost + b) would not beat n / cost
-                continue
-            seq.draft = tokens[: i + 1]
-            n += g
-            rows += 1
+            taken[seq.id] = i + 1
+            chosen.append(seq)
+            gain += g
+            value = (n + gain) / factor[min(extra + len(chosen), len(factor) - 1)]
+            if value > best_value:
+                best, best_value = len(chosen), value
+        for seq in chosen[:best]:
+            seq.draft = drafts[seq.id][: len(seq.draft) + 1]
 
     def _propose(self, seq: Sequence, k: int) -> Proposal:
         if seq.spec is None:
-            seq.spec = SeqDrafter(seq.token_ids, seq.params.draft_scope, seq.num_prompt_tokens)
-            seq.spec.accept_rate = self.accept_rate
-        spec = seq.spec
-        spec.sync(seq.token_ids)
-        frequency = self.config.method == "suffix"
-        own = spec.index.propose(seq.token_ids, k, frequency=frequency)
-        if self.cache is None:
-            return own
-        other = self.cache.propose(spec.scope, seq.token_ids[-MAX_MATCH:], k)
-        return other if (other.expected(), other.match) > (own.expected(), own.match) else own
+            seq.spec = SeqDrafter(seq.token_ids, seq.params.draft_scope, seq.num_prompt_tokens, self.accept_rate)
+        seq.spec.sync(seq.token_ids)
+        return propose(self.config, seq.spec, self.cache, seq.token_ids, k)
 
     # -- after a step ----------------------------------------------------------------------------------
 
@@ -166,10 +248,10 @@ class Speculator:
         self.drafted += drafted
         self.accepted += accepted
         self.verifies += 1
-        seq.spec.record(drafted, accepted)
-        if drafted:
-            w = min(0.2, drafted / 40)
-            self.accept_rate = (1 - w) * self.accept_rate + w * accepted / drafted
+        expected = seq.spec.record(drafted, accepted)
+        if expected > 0:  # the engine's rate: a new sequence's prior
+            w = min(0.2, expected / 20)
+            self.accept_rate += w * (min(1.0, accepted / expected) - self.accept_rate)
 
     def finished(self, seq: Sequence) -> None:
         """A sequence is done: its output joins the cross-request cache of its scope."""
@@ -184,6 +266,23 @@ class Speculator:
         cache = (f", cache of recent outputs {self.config.cache_tokens} tokens (~{self.config.cache_tokens * 64 / 2**20:.0f} "
                  "MiB at most), per API key" if self.cache is not None else "")
         return f"speculative decoding: {self.config.method}, up to {self.config.num_tokens} draft tokens{cache}"
+
+
+def propose(config: SpecConfig, spec: SeqDrafter, cache: DraftCache | None, token_ids: list[int], k: int) -> Proposal:
+    """A sequence's draft of up to k tokens (its drafter synced to `token_ids`). ngram: prompt lookup in
+    its own text. suffix: the longest suffix of its text found in its own text or in the recent outputs
+    of its scope; where both hold it equally long, their occurrences together vote on the continuation
+    (bench/spec_sim.py replays this)."""
+    if cache is None:
+        return spec.index.propose(token_ids, k, frequency=config.method == "suffix")
+    own_m, own = spec.index.matches(token_ids)
+    other_m, other, other_toks = cache.matches(spec.scope, token_ids[-MAX_MATCH:])
+    if not own and not other:
+        return Proposal()
+    occ = [(spec.index.tokens, i) for i in own] if own_m >= other_m else []
+    if other_m >= own_m:
+        occ += [(other_toks, i) for i in other]
+    return frequent_path(occ, k, max(own_m, other_m))
 
 
 def walk(seq: Sequence, rows: list[list[float]]) -> list[Pick | Exception]:

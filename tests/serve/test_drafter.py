@@ -82,16 +82,41 @@ def test_spec_config_names_the_allowed_values():
     assert not SpecConfig().on and SpecConfig("ngram").on
 
 
-def test_the_step_cost_model_fits_a_line_and_falls_back_to_a_prior():
+def test_the_step_cost_model_learns_each_draft_length_from_the_steps_it_saw():
     cost = StepCost()
-    for _ in range(20):
-        cost.observe(4, 0.010)
-    a, b = cost.coeffs()  # rows never varied: the prior slope
-    assert b == pytest.approx(StepCost.PRIOR_SLOPE * a) and a + 4 * b == pytest.approx(0.010)
-    for rows in (1, 9, 3, 17, 5, 2, 12) * 10:
-        cost.observe(rows, 0.005 + 0.0005 * rows)
-    a, b = cost.coeffs()
-    assert a == pytest.approx(0.005, rel=0.1) and b == pytest.approx(0.0005, rel=0.1)
+    for _ in range(20):  # batch 1: a plain step 4 ms; 2 draft tokens 6 ms, 8 of them 7.5 ms (rows get cheaper)
+        cost.observe(1, 0.004, seqs=1)
+        cost.observe(3, 0.006, seqs=1)
+        cost.observe(9, 0.0075, seqs=1)
+    f = cost.factors(1, 12)
+    assert f[0] == 1.0 and f[2] == pytest.approx(1.5) and f[8] == pytest.approx(7.5 / 4)
+    assert f[1] == pytest.approx(1.25) and f[5] == pytest.approx(1.5 + 3 / 6 * (7.5 / 4 - 1.5))  # between seen ones
+    slope = (7.5 / 4 - 1.5) / 6
+    assert f[12] == pytest.approx(7.5 / 4 + slope * 4)  # beyond: the last slope seen
+    assert cost.cost(1, 8) == pytest.approx(0.0075)
+    # load doubles every step: the base follows, the learned shape stays
+    for _ in range(60):
+        cost.observe(1, 0.008, seqs=1)
+    assert cost.cost(1, 0) == pytest.approx(0.008, rel=0.02) and cost.factors(1, 8)[8] == pytest.approx(7.5 / 4)
+    # one stalled step (another job took the core) moves a seen cell by at most a bounded step
+    cost.observe(9, 1.0, seqs=1)
+    assert cost.factors(1, 8)[8] < 7.5 / 4 * 1.15
+    # another batch size is its own row of the table; nothing seen yet: the prior, cheap rows
+    assert cost.factors(8, 2)[2] == pytest.approx(1 + 2 * StepCost.PRIOR_SLOPE)
+    for _ in range(5):
+        cost.observe(8, 0.02, seqs=8)
+        cost.observe(16, 0.04, seqs=8)  # 8 sequences x 1 draft token: twice a plain step
+    assert cost.factors(8, 8)[8] == pytest.approx(2.0) and cost.factors(8, 8)[4] == pytest.approx(1.5)
+
+
+def test_the_cost_never_falls_with_more_rows():
+    cost = StepCost()
+    for _ in range(5):
+        cost.observe(1, 0.004, seqs=1)
+        cost.observe(5, 0.008, seqs=1)
+        cost.observe(7, 0.006, seqs=1)  # noise: fewer seconds for more rows
+    f = cost.factors(1, 8)
+    assert all(b >= a for a, b in zip(f, f[1:], strict=False))
 
 
 def _decoding(tokens: list[int]):
@@ -113,20 +138,20 @@ def test_the_plan_drafts_where_it_pays_and_not_where_it_does_not():
     repeating = [5, 6, 7, 8, 9, 10, 11, 12] * 6 + [5, 6, 7]
     spec = Speculator(SpecConfig("suffix", 8), max_model_len=4096)
     for _ in range(50):  # a step costs 10 ms plus 0.1 ms a row: extra rows are cheap
-        spec.cost.observe(1, 0.0101)
-        spec.cost.observe(9, 0.0109)
+        spec.cost.observe(1, 0.0101, seqs=1)
+        spec.cost.observe(9, 0.0109, seqs=1)
     one = _decoding(repeating)
     spec.plan([one])
-    # as long as each further token's expected gain (confidence x trust, multiplied) beats its row's cost
+    # as long as each further token's expected gain (its chance of being kept) beats its row's cost
     assert len(one.draft) >= 4 and one.draft == [8, 9, 10, 11, 12, 5, 6, 7][: len(one.draft)]
     never = _decoding(list(range(100, 160)))
     spec.plan([never])
     assert never.draft == []  # no earlier occurrence: nothing to verify
 
     pricey = Speculator(SpecConfig("suffix", 8), max_model_len=4096)
-    for _ in range(50):  # each row costs as much as the step itself: a batch of 8 gains nothing from drafts
-        pricey.cost.observe(8, 0.008)
-        pricey.cost.observe(16, 0.016)
+    for _ in range(50):  # each row costs its share of the step: a batch of 8 gains nothing from drafts
+        pricey.cost.observe(8, 0.008, seqs=8)
+        pricey.cost.observe(16, 0.016, seqs=8)
     batch = [_decoding(repeating) for _ in range(8)]
     pricey.plan(batch)
     assert all(s.draft == [] for s in batch)
@@ -138,8 +163,8 @@ def test_fixed_drafting_verifies_every_proposal():
 
     spec = Speculator(SpecConfig("ngram", 4, adaptive=False), max_model_len=4096)
     for _ in range(20):
-        spec.cost.observe(8, 0.008)
-        spec.cost.observe(16, 0.016)
+        spec.cost.observe(8, 0.008, seqs=8)
+        spec.cost.observe(16, 0.016, seqs=8)
     batch = [_decoding([5, 6, 7, 8, 9, 10] * 3 + [5, 6]) for _ in range(8)]
     spec.plan(batch)
     assert all(s.draft == [7, 8, 9, 10] for s in batch)

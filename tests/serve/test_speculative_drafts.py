@@ -1,0 +1,117 @@
+"""Drafting for speculative decoding, without a model: the scanned own-text index answers as the pair index
+does, the own text and the cross-request cache vote together, acceptance is learned per unit of confidence,
+and the planner prices every draft length by the cost table it learned."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from serve.engine.drafter import DraftCache, SeqDrafter, SpecConfig, SuffixIndex, TextIndex
+
+
+def test_the_scanned_index_finds_what_the_pair_index_finds():
+    rng = random.Random(3)
+    words = [rng.randrange(20) for _ in range(30)]
+    text = [w for _ in range(40) for w in rng.sample(words, 6)]  # short phrases that recur, in new orders
+    scanned, indexed = TextIndex(text[:50]), SuffixIndex()
+    indexed.extend(text[:50])
+    for end in range(50, len(text), 7):
+        scanned.extend(text[len(scanned) : end])
+        indexed.extend(text[len(indexed) : end])
+        ctx = text[:end]
+        assert scanned.matches(ctx) == indexed.matches(ctx)
+        for freq in (True, False):
+            a, b = scanned.propose(ctx, 8, frequency=freq), indexed.propose(ctx, 8, frequency=freq)
+            assert (a.tokens, a.confidence, a.match) == (b.tokens, b.confidence, b.match)
+
+
+def test_the_own_text_and_the_cache_vote_together_on_equally_long_matches():
+    from serve.engine.speculation import propose
+
+    cache = DraftCache(1000)
+    cache.add("k", [], [1, 2, 3, 7, 8])
+    cache.add("k", [], [1, 2, 3, 7, 8])
+    own = [9, 1, 2, 3, 5, 6, 4, 1, 2, 3]  # its own text continued 1 2 3 with 5 6 once
+    spec = SeqDrafter(own, "k", 4)
+    prop = propose(SpecConfig("suffix"), spec, cache, own, 2)
+    assert prop.tokens == [7, 8] and prop.confidence == [pytest.approx(2 / 3), 1.0] and prop.match == 3
+    # a longer match in its own text wins alone
+    own2 = [4, 1, 2, 3, 5, 6, 4, 1, 2, 3]
+    prop = propose(SpecConfig("suffix"), SeqDrafter(own2, "k", 4), cache, own2, 2)
+    assert prop.tokens == [5, 6] and prop.match == 4
+    # another scope's outputs are never used
+    prop = propose(SpecConfig("suffix"), SeqDrafter(own, "other", 4), cache, own, 2)
+    assert prop.tokens == [5, 6]
+
+
+def test_acceptance_is_learned_per_unit_of_confidence():
+    spec = SeqDrafter([1, 2, 3], "", 3, prior=0.5)
+    assert spec.accept_rate == pytest.approx(0.5)
+    for _ in range(10):
+        spec.record(4, 4, [1.0] * 4)  # every token kept
+    assert spec.accept_rate > 0.9
+    low = SeqDrafter([1, 2, 3], "", 3, prior=0.5)
+    for _ in range(10):
+        low.record(4, 0, [1.0] * 4)  # the first token fails every time
+    assert low.accept_rate < 0.2
+    # tokens proposed with half the occurrences behind them, kept half the time: a full rate per confidence
+    half = SeqDrafter([1, 2, 3], "", 3, prior=0.5)
+    for i in range(20):
+        half.record(1, i % 2, [0.5])
+    assert half.accept_rate > 0.8
+
+
+def _decoding(tokens: list[int], generated: int = 3):
+    from serve.engine.base import SamplingParams
+    from serve.engine.sequence import Sequence
+
+    seq = Sequence(list(tokens), SamplingParams(max_tokens=100, temperature=0.0))
+    seq.num_computed = len(seq) - 1
+    seq.num_prompt_tokens = len(seq) - generated
+    return seq
+
+
+@pytest.mark.parametrize(("verify_ms", "want"), [
+    ({1: 4.6, 2: 5.0, 4: 5.4, 8: 5.8}, 8),  # rows get cheap after the first ones: the whole confident draft
+    ({1: 7.0, 2: 10.5, 4: 17.5, 8: 31.5}, 0),  # every row costs a whole step: a draft never pays for itself
+])
+def test_the_plan_prices_every_draft_length_by_what_such_steps_cost(verify_ms, want):
+    from serve.engine.speculation import Speculator
+
+    spec = Speculator(SpecConfig("suffix", 8), max_model_len=4096)
+    spec.accept_rate = 0.7
+    for _ in range(5):
+        spec.cost.observe(1, 0.0035, seqs=1)
+        for extra, ms in verify_ms.items():
+            spec.cost.observe(1 + extra, ms / 1000, seqs=1)
+    seq = _decoding([5, 6, 7, 8, 9, 10, 11, 12, 13, 14] * 4 + [5, 6, 7])
+    spec.plan([seq])
+    assert len(seq.draft) == want
+    if want:
+        assert seq.draft == [8, 9, 10, 11, 12, 13, 14, 5]
+
+
+def test_a_batch_whose_rows_cost_their_share_neither_drafts_nor_looks():
+    from serve.engine.speculation import Speculator
+
+    spec = Speculator(SpecConfig("suffix", 8), max_model_len=4096)
+    for _ in range(5):
+        spec.cost.observe(8, 0.030, seqs=8)
+        spec.cost.observe(16, 0.060, seqs=8)
+    batch = [_decoding([5, 6, 7, 8, 9] * 5 + [5, 6], generated=16) for _ in range(8)]  # 16: a probing step
+    spec.plan(batch)
+    assert all(s.draft == [] and s.spec is None for s in batch)  # not even looked up
+
+
+def test_the_edit_sessions_open_with_a_read_of_the_lines_around_the_bug():
+    from agent.tasks.spec import Task
+    from bench.spec_record import READ_BEFORE, READ_LINES, read_turn
+
+    task = Task(id="stdlib-x-1", prompt="fix it", verify="true", workspace="w", meta={"file": "textwrap.py", "line": 395})
+    call = read_turn(task)["tool_calls"][0]
+    assert call == {"name": "read_file", "arguments": {"path": "textwrap.py", "offset": 395 - READ_BEFORE,
+                                                       "limit": READ_LINES}}
+    near_top = Task(id="stdlib-x-2", prompt="fix it", verify="true", workspace="w", meta={"file": "a.py", "line": 3})
+    assert read_turn(near_top)["tool_calls"][0]["arguments"]["offset"] == 1
