@@ -1,7 +1,7 @@
 """What semantic search adds to the agent (issue 55, Must 4): the find-def family of `composer-agent eval`
 played by scripted experts, through the real loop, tools and index (agent/tasks/expert_find.py).
 
-    OMP_NUM_THREADS=1 python bench/search_agent.py [--seeds 8] [--arms expert,expert-grep,code-minilm,minilm]
+    OMP_NUM_THREADS=1 python bench/search_agent.py [--seeds 10] [--arms expert,expert-grep,code-minilm,minilm]
 
 Arms: `expert` (the recorded expert: its plan greps `def NAME(` and knows the answer), `expert-grep`
 (the same grep, answer read from its output), `code-minilm` and `minilm` (`expert-search`:
@@ -46,15 +46,30 @@ def tasks_for(seeds: int):
 def episode_facts(row: dict) -> dict:
     """Which tools the episode called and what the index build reported, from its session file."""
     from agent.session import load
+    from agent.tasks.expert_find import asked_name
 
     data = load(row["session_path"])
     calls = [c for r in data.records if r["type"] == "tools" for c in r["calls"]]
     outputs = [m.get("content") or "" for seg in data.segments for m in seg if m.get("role") == "tool"]
     built = next((_BUILT.search(o) for o in outputs if _BUILT.search(o)), None)
-    return {"tools": [c["name"] for c in calls],
+    asked = next((asked_name(m["content"]) for seg in data.segments for m in seg if m.get("role") == "user"), "")
+    return {"tools": [c["name"] for c in calls], "rank": _definition_rank(outputs[0], asked) if built else None,
             "search_s": sum(c.get("duration_s") or 0 for c in calls if c["name"] == "semantic_search"),
             "build": None if built is None else {"files": int(built[1]), "chunks": int(built[2]),
                                                  "seconds": float(built[3])}}
+
+
+def _definition_rank(output: str, name: str) -> int | None:
+    """Where the first hit whose snippet shows `def NAME(` stands in a semantic_search answer (1 = first;
+    None: not among the hits)."""
+    rank = None
+    for line in output.splitlines():
+        m = re.match(r"^(\d+)\. \S+:\d+-\d+\s", line)
+        if m:
+            rank = int(m.group(1))
+        elif rank and re.match(rf"\s*\d+\t\s*(?:async\s+)?def {re.escape(name)}\(", line):
+            return rank
+    return None
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -75,6 +90,8 @@ def summarize(rows: list[dict]) -> dict:
            "grep_calls": sum(f["tools"].count("grep") for f in facts),
            "search_calls": sum(f["tools"].count("semantic_search") for f in facts),
            "answered_by_search": sum(1 for f in facts if f["tools"] == ["semantic_search"]),
+           "definition_rank": {str(k): sum(1 for f in facts if f["rank"] == k)
+                               for k in sorted({f["rank"] for f in facts if f["build"]}, key=str)},
            "unsupported_claims": mean([figures(r.get("quality"))["unsupported_claims"] or 0 for r in rows])}
     if builds:
         out["index_build"] = {"seconds_mean": mean([b["seconds"] for b in builds]),
@@ -125,19 +142,8 @@ def plot(result: dict, png: Path) -> None:
     plt.close(fig)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seeds", type=int, default=8, help="seeds per split (x3 sizes x2 splits tasks per arm)")
-    p.add_argument("--arms", default=",".join(ARMS))
-    p.add_argument("--chunk", type=int, default=6, help="tasks per arm before the next arm runs")
-    p.add_argument("--out", type=Path, default=Path("/tmp/composer-search-agent"))
-    p.add_argument("--json", type=Path, default=RESULTS / "agent-find-def.json")
-    a = p.parse_args()
-    arms = a.arms.split(",")
-    unknown = [x for x in arms if x not in ARMS]
-    if unknown:
-        p.error(f"unknown arms {unknown} (known: {', '.join(ARMS)})")
-
+def run(a, arms: list[str], by_split: dict) -> dict:
+    """Every arm over the same tasks, alternating in chunks; returns the run's own figures."""
     import torch
 
     torch.set_num_threads(1)
@@ -145,7 +151,6 @@ def main() -> None:
     from agent.tasks.eval import EvalConfig, run_eval
     from agent.tasks.expert_find import expert_server
 
-    by_split = tasks_for(a.seeds)
     tasks = [t for ts in by_split.values() for t in ts]
     order = [t for pair in zip(by_split["train"], by_split["heldout"], strict=True) for t in pair]
     load_s = warm([ARMS[x][1] for x in arms if ARMS[x][1]])
@@ -167,11 +172,34 @@ def main() -> None:
     finally:
         for s in servers.values():
             s.__exit__(None, None, None)
+    return {"command": "OMP_NUM_THREADS=1 python bench/search_agent.py " + " ".join(sys.argv[1:]),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "seeds_per_split": a.seeds,
+            "tasks_per_arm": len(tasks), "embedder_load_s": load_s, "wall_s": round(time.monotonic() - start, 1),
+            "load_average_end": [round(x, 2) for x in os.getloadavg()], "arms": {}}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, default=10, help="seeds per split (x3 sizes x2 splits tasks per arm)")
+    p.add_argument("--arms", default=",".join(ARMS))
+    p.add_argument("--chunk", type=int, default=6, help="tasks per arm before the next arm runs")
+    p.add_argument("--out", type=Path, default=Path("/tmp/composer-search-agent"))
+    p.add_argument("--json", type=Path, default=RESULTS / "agent-find-def.json")
+    p.add_argument("--report-only", action="store_true",
+                   help="summarise the eval folders under OUT again (their sessions) without running")
+    a = p.parse_args()
+    arms = a.arms.split(",")
+    unknown = [x for x in arms if x not in ARMS]
+    if unknown:
+        p.error(f"unknown arms {unknown} (known: {', '.join(ARMS)})")
+
+    by_split = tasks_for(a.seeds)
+    if a.report_only:  # the run's own figures (time, load) as the last full run recorded them
+        prev = json.loads(a.json.read_text()) if a.json.is_file() else {}
+        result = {k: v for k, v in prev.items() if k != "arms"} | {"arms": {}}
+    else:
+        result = run(a, arms, by_split)
     split_of = {t.id: s for s, ts in by_split.items() for t in ts}
-    result = {"command": "OMP_NUM_THREADS=1 python bench/search_agent.py " + " ".join(sys.argv[1:]),
-              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "seeds_per_split": a.seeds,
-              "tasks_per_arm": len(tasks), "embedder_load_s": load_s, "wall_s": round(time.monotonic() - start, 1),
-              "load_average_end": [round(x, 2) for x in os.getloadavg()], "arms": {}}
     for x in arms:
         rows = [json.loads(line) for line in (a.out / x / "results.jsonl").read_text().splitlines()]
         result["arms"][x] = {**summarize(rows), "by_split": {s: summarize([r for r in rows if split_of[r["task_id"]] == s])
@@ -182,7 +210,7 @@ def main() -> None:
     a.json.write_text(json.dumps(result, indent=1))
     plot(result, a.json.with_suffix(".png"))
     cols = ("episodes", "pass@1", "tool_calls", "tokens", "prompt_tokens", "wall_s_median", "grep_calls",
-            "answered_by_search")
+            "answered_by_search", "definition_rank")
     print("| arm | " + " | ".join(cols) + " | index build s (median) |")
     for x, r in result["arms"].items():
         print(f"| {x} | " + " | ".join(str(r[c]) for c in cols)
