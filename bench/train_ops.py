@@ -39,8 +39,8 @@ CHUNK = 128  # 10 vocabulary slices, as 151,936 / 16,384 rounds up to
 
 # trainer options measured beside the default (TrainerConfig fields); bench/train_step.py --option too
 OPTIONS: dict[str, dict] = {"default": {}, "fused-expert-backward": {"expert_backward": "fused"},
-                            "fused-norms": {"fused_norms": True},
-                            "fused-all": {"expert_backward": "fused", "fused_norms": True}}
+                            "fused-norms": {"fused_norms": True}, "fused-lm-head": {"fused_lm_head": True},
+                            "fused-all": {"expert_backward": "fused", "fused_norms": True, "fused_lm_head": True}}
 
 
 def _count_mxfp8_launches() -> None:

@@ -46,7 +46,9 @@ OPTIONS: dict[str, dict] = {
     "fused-expert-backward": {"expert_backward": "fused"},
     # kernels/rms_norm_triton.py: each RMSNorm's forward and backward one launch
     "fused-norms": {"fused_norms": True},
-    "fused-all": {"expert_backward": "fused", "fused_norms": True},
+    # kernels/lm_head_triton.py: each vocabulary slice's softmax work one launch each way
+    "fused-lm-head": {"fused_lm_head": True},
+    "fused-all": {"expert_backward": "fused", "fused_norms": True, "fused_lm_head": True},
 }
 
 

@@ -104,6 +104,7 @@ def _cases() -> list[tuple[str, Callable[[], None]]]:
     from kernels.mxfp8 import MXFP8Tensor
     from kernels.mxfp8_triton import dequantize_mxfp8_triton, quantize_mxfp8_triton
     from kernels.paged_attention_triton import paged_decode_attention_triton
+    from kernels.lm_head_triton import fused_chunked_logprobs
     from kernels.rms_norm_triton import rms_norm_train
     from kernels.swiglu_triton import swiglu_backward_triton
 
@@ -219,6 +220,9 @@ def _cases() -> list[tuple[str, Callable[[], None]]]:
         ("rms norm for training, forward and backward, hidden and head rows", lambda: [
             rms_norm_train(torch.zeros(T, n, dtype=bf16, requires_grad=True), torch.ones(n, dtype=bf16), 1e-6)
             .backward(torch.ones(T, n, dtype=bf16)) for n in (D, C)]),
+        ("LM head slices for training (16,384 rows), forward and backward", lambda: fused_chunked_logprobs(
+            torch.zeros(T, D, dtype=bf16, requires_grad=True), torch.zeros(16384, D, dtype=bf16), torch.zeros(T, dtype=torch.long),
+            16384).sum().backward()),
         ("mxfp8 dequantize", lambda: dequantize_mxfp8_triton(w2.data[0], w2.scales[0], bf16)),
     ]
 
@@ -243,12 +247,13 @@ def main(argv: list[str] | None = None) -> int:
     import kernels.moe_triton
     import kernels.mxfp8_triton
     import kernels.paged_attention_triton
+    import kernels.lm_head_triton
     import kernels.rms_norm_triton
     import kernels.swiglu_triton
 
     modules = [kernels.batch_invariant_triton, kernels.fp8_linear_triton, kernels.fused_triton, kernels.moe_align_triton, kernels.moe_decode_triton,
                kernels.moe_decode_variants, kernels.moe_triton,
-               kernels.mxfp8_triton, kernels.paged_attention_triton, kernels.rms_norm_triton,
+               kernels.mxfp8_triton, kernels.paged_attention_triton, kernels.rms_norm_triton, kernels.lm_head_triton,
                kernels.swiglu_triton]
     failed = 0
     for arch in args.arch or [90, 100]:

@@ -90,6 +90,10 @@ class TrainerConfig:
     (kernels/rms_norm_triton.py: ~23 torch kernels per norm -> 3) where Triton runs (a GPU, or the
     interpreter); elsewhere, and in batch-invariant numerics, the model's own ops. Same rounding points; the
     mean's summation order differs."""
+    fused_lm_head: bool = False
+    """The sliced LM head (vocabularies over vocab_chunk) with each slice's softmax work in one Triton launch
+    each way (kernels/lm_head_triton.py: ~20 float32 passes over [tokens, chunk] per slice -> 1) where Triton
+    runs; the matmuls stay cuBLAS's. Same log-probs to float32 rounding."""
     device: str | None = None
     """cpu or cuda (default: cuda when available)."""
     seed: int = 0
@@ -136,6 +140,16 @@ class TrainingRMSNorm(RMSNorm):
 
             return rms_norm_train(x, self.weight, self.eps)
         return super().forward(x)
+
+
+def _fused_target_logprobs(m, ids_BL: torch.Tensor, sel_BT: torch.Tensor, chunk: int,
+                           routes_BLMK: torch.Tensor | None) -> torch.Tensor:
+    """Qwen3MoeModel.target_logprobs with the LM head's slices through kernels/lm_head_triton.py."""
+    from kernels.lm_head_triton import fused_chunked_logprobs
+
+    h_ND = m.hidden_train(ids_BL, routes_BLMK)[:, :-1][sel_BT]
+    w_VD = m.lm_head.weight if m.lm_head is not None else m.embed_tokens.weight
+    return fused_chunked_logprobs(h_ND, w_VD, ids_BL[:, 1:][sel_BT], chunk)
 
 
 def compute_dtype(model_dir: str | Path, dtype: str | None, device: torch.device) -> torch.dtype:
@@ -274,7 +288,10 @@ class Trainer:
         chunk = self.config.vocab_chunk
         if m.cfg.vocab_size > chunk and not m.batch_invariant:  # never [tokens, V] at once
             sel_BT = mask_BL[:, 1:] > 0 if mask_BL is not None else torch.ones_like(ids_BL[:, 1:], dtype=torch.bool)
-            lp_N = self._in_compute_dtype(m, lambda mm: mm.target_logprobs(ids_BL, sel_BT, chunk, routes_BLMK))
+            if self._fused_lm_head():
+                lp_N = self._in_compute_dtype(m, lambda mm: _fused_target_logprobs(mm, ids_BL, sel_BT, chunk, routes_BLMK))
+            else:
+                lp_N = self._in_compute_dtype(m, lambda mm: mm.target_logprobs(ids_BL, sel_BT, chunk, routes_BLMK))
             return torch.zeros(sel_BT.shape, dtype=lp_N.dtype, device=lp_N.device).masked_scatter(sel_BT, lp_N)
         if mask_BL is None:
             logits_BLV = self._in_compute_dtype(m, lambda mm: mm.forward_train(ids_BL, routes_BLMK))
@@ -286,6 +303,12 @@ class Trainer:
         logp_NV = F.log_softmax(logits_NV.float(), dim=-1)
         lp_N = logp_NV.gather(-1, ids_BL[:, 1:][sel_BT][:, None]).squeeze(-1)
         return torch.zeros(sel_BT.shape, dtype=lp_N.dtype, device=lp_N.device).masked_scatter(sel_BT, lp_N)
+
+    def _fused_lm_head(self) -> bool:
+        from kernels.backend import use_triton
+
+        return (self.config.fused_lm_head and self.dtype in (torch.bfloat16, torch.float16, torch.float32)
+                and use_triton(self.device))
 
     cast_weights = True  # copies of the masters in the compute dtype for each forward (FSDP: its own policy)
 
