@@ -238,31 +238,45 @@ def measure(shape: str = "qwen3-30b-a3b", layers: int = 4, seqs: int = 8, length
 
 
 def profile_step(trainer, samples, adv, device: str, log=print, top: int = 30) -> list[dict]:
-    """One more step under torch.profiler: the `top` ops by self device time (host time on a CPU), with
-    calls and milliseconds, and the step's total of each."""
+    """One more step under torch.profiler. First row: the profiled step's wall time and, on a GPU, the kernels'
+    time over it (`device_busy`: well under 1 means the GPU waits for the host, launches and syncs, rather
+    than kernels being slow) and the launches; then the `top` ops by device time attributed to them (host
+    time on a CPU), then on a GPU the `top` kernels by their own time."""
     import torch
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     cuda = device == "cuda"
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     trainer.phase_times = None
+    if cuda:
+        torch.cuda.synchronize()
     with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
         trainer.step(samples, adv)
         if cuda:
             torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
     events = prof.key_averages()
+    host = [e for e in events if e.device_type == DeviceType.CPU]
+    kernels = [e for e in events if e.device_type != DeviceType.CPU]
 
-    def self_us(e) -> float:
-        return (getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)) if cuda \
-            else e.self_cpu_time_total
+    def own(e) -> float:  # microseconds
+        return e.self_device_time_total if cuda else e.self_cpu_time_total
 
-    total = sum(self_us(e) for e in events) or 1.0
-    rows = sorted(events, key=self_us, reverse=True)[:top]
-    out = [{"op": e.key, "calls": e.count, "self_ms": round(self_us(e) / 1e3, 3),
-            "share": round(self_us(e) / total, 4)} for e in rows]
-    log(f"profile ({'device' if cuda else 'host'} self time, {total / 1e3:.1f} ms in all):")
-    for r in out[:15]:
-        log(f"  {r['self_ms']:9.3f} ms {r['share']:6.1%} x{r['calls']:<5} {r['op'][:100]}")
+    busy_us = sum(e.self_device_time_total for e in kernels)
+    head = {"op": "(step)", "wall_ms": round(wall * 1e3, 2), "device_busy": round(busy_us / 1e6 / wall, 3) if cuda else None,
+            "launches": sum(e.count for e in kernels)}
+    total = sum(own(e) for e in host) or 1.0
+    out = [head] + [{"op": e.key, "kind": "op", "calls": e.count, "self_ms": round(own(e) / 1e3, 3),
+                     "share": round(own(e) / total, 4)} for e in sorted(host, key=own, reverse=True)[:top]]
+    out += [{"op": e.key, "kind": "kernel", "calls": e.count, "self_ms": round(e.self_device_time_total / 1e3, 3),
+             "share": round(e.self_device_time_total / (busy_us or 1.0), 4)}
+            for e in sorted(kernels, key=lambda e: e.self_device_time_total, reverse=True)[:top]]
+    log(f"profile: step {wall * 1e3:.1f} ms" + (f", kernels {busy_us / 1e3:.1f} ms (device busy {head['device_busy']:.0%}), "
+                                                  f"{head['launches']} launches" if cuda else "") + "; top ops:")
+    for r in out[1:13]:
+        log(f"  {r['kind']:6} {r['self_ms']:9.3f} ms {r['share']:6.1%} x{r['calls']:<5} {r['op'][:90]}")
     return out
 
 
