@@ -90,23 +90,24 @@ def split_claim(sample: Sample, positions: Sequence[int]) -> tuple[Sample, Sampl
 
 
 def credit(samples: list[Sample], advantage: float, penalty: float, clauses: Sequence[str], decode: Decode,
-           weight: float) -> tuple[list[tuple[Sample, float]], int]:
+           weight: float) -> tuple[list[tuple[Sample, float]], int, float]:
     """An episode's (sample, advantage) pairs with the evidence `penalty` (<= 0) on its false claims'
-    tokens; `advantage` is the group-relative one of the reward without the penalty. Returns the pairs and
-    the number of claim tokens credited (0: not located, the whole episode took the penalty instead)."""
+    tokens; `advantage` is the group-relative one of the reward without the penalty. Returns the pairs, the
+    number of claim tokens credited (0: not located, the whole episode took the penalty instead) and the
+    sum of the sampler's log-probs of those tokens (how sure the policy was of the false claim)."""
     if penalty == 0 or not clauses or not samples:
-        return [(s, advantage) for s in samples], 0
+        return [(s, advantage) for s in samples], 0, 0.0
     last = samples[-1]
     span = last_sampled_run(last.mask)
     pos = clause_positions(last.token_ids, span, clauses, decode) if span else None
     if pos is None:
-        return [(s, advantage + penalty) for s in samples], 0
+        return [(s, advantage + penalty) for s in samples], 0, 0.0
     rest, claim = split_claim(last, pos)
     pairs = [(s, advantage) for s in samples[:-1]]
     if any(rest.mask[1:]):
         pairs.append((rest, advantage))
     pairs.append((claim, weight * penalty))
-    return pairs, len(pos)
+    return pairs, len(pos), float(sum(last.sampler_logprobs[p] for p in pos))
 
 
 def normalizer_scale(n_before: int, n_after: int, aggregation: str, normalizer: float | None) -> float:

@@ -21,6 +21,7 @@ memory; policy/ is not written.
 from __future__ import annotations
 
 import json
+import math
 import random
 import shutil
 import time
@@ -60,7 +61,9 @@ def advantages_for(episodes: list[Episode], version: int, cfg: RLConfig, loss: L
     on_claims = bool(reward and reward.evidence_on_claims and decode is not None and not cfg.shuffle_rewards)
     counts: dict[str, Any] = {"infra_masked": 0, "dropped_stale": 0, "groups_skipped": 0}
     if on_claims:
-        counts |= {"claim_credit_episodes": 0, "claim_credit_tokens": 0, "claim_credit_unlocated": 0}
+        counts |= {"claim_credit_episodes": 0, "claim_credit_tokens": 0, "claim_credit_unlocated": 0,
+                   "claim_credit_prob": None}
+    logprob_sum = 0.0
     usable: list[Episode] = []
     for ep in episodes:
         if ep.infra_error or not ep.samples:
@@ -92,15 +95,18 @@ def advantages_for(episodes: list[Episode], version: int, cfg: RLConfig, loss: L
             unsplit += len(ep.samples)
             penalty = ep.components.get("evidence", 0.0) if on_claims else 0.0
             clauses = ep.stats.false_claims if ep.stats else ()
-            pairs, tokens = credit(ep.samples, adv, penalty, clauses, decode, reward.evidence_claim_weight
-                                   ) if on_claims else ([(s, adv) for s in ep.samples], 0)
+            pairs, tokens, logprob = credit(ep.samples, adv, penalty, clauses, decode, reward.evidence_claim_weight
+                                            ) if on_claims else ([(s, adv) for s in ep.samples], 0, 0.0)
             if penalty and clauses and on_claims:
                 counts["claim_credit_episodes"] += 1
                 counts["claim_credit_tokens"] += tokens
                 counts["claim_credit_unlocated"] += not tokens
+                logprob_sum += logprob
             for s, adv_s in pairs:
                 samples.append(s)
                 advs.append(adv_s)
+    if on_claims and counts["claim_credit_tokens"]:  # the sampler's mean probability of a false claim's token
+        counts["claim_credit_prob"] = round(math.exp(logprob_sum / counts["claim_credit_tokens"]), 4)
     if on_claims and len(samples) != unsplit:
         scale = normalizer_scale(unsplit, len(samples), loss.aggregation, loss.normalizer)
         advs = [x * scale for x in advs]

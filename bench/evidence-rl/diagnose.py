@@ -7,14 +7,16 @@ RUN_DIR is an RL run folder (its episodes.jsonl and the sessions it names). Repo
 - how often episodes of equal pass outcome differ in claim status (some state a false or unchecked
   claim, some do not): only there can a reward folded into the episode's total rank them apart;
 - the closing sentences sampled (identifiers, paths and numbers replaced by placeholders), by outcome;
-- the GRPO advantage with the evidence component and without it: how much of it the term moves, and
-  what the claim tokens would get if the penalty were credited to them (train/claim_credit.py).
+- the GRPO advantage with the evidence component and without it: how much of it the term moves;
+- per step, the probability the sampler gave the false claims' own tokens (from the recorded
+  completion log-probs; the clause located as train/claim_credit.py locates it): whether RL lowers it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from collections import Counter
@@ -25,6 +27,23 @@ sys.path.insert(0, str(ROOT))
 
 from agent.session import load  # noqa: E402
 from agent.tasks.claims import SUPPORTED, check_session, final_answer  # noqa: E402
+from train.claim_credit import clause_positions  # noqa: E402
+from train.rl import claim_decoder  # noqa: E402
+
+DECODE = claim_decoder(ROOT / "serve" / "builtin" / "composer-tiny")
+
+
+def claim_logprob(data, clauses: list[str]) -> float | None:
+    """Mean sampled log-prob of the false clauses' tokens in the last model turn, None if not located."""
+    last = None
+    for rec in data.records:
+        if rec.get("type") == "request" and rec.get("purpose", "turn") == "turn" and rec.get("completion_token_ids"):
+            last = rec
+    if last is None or not clauses:
+        return None
+    ids, lps = last["completion_token_ids"], last["completion_logprobs"]
+    pos = clause_positions(ids, (0, len(ids)), clauses, DECODE)
+    return sum(lps[p] for p in pos) / len(pos) if pos else None
 
 
 def shape(text: str) -> str:
@@ -45,6 +64,7 @@ def episodes(run: Path) -> list[dict]:
             data = load(Path(r["session"]))
             r["answer"] = final_answer(data)
             r["bad_clauses"] = [c.text for c in check_session(data) if c.status != SUPPORTED]
+            r["claim_logprob"] = claim_logprob(data, r["bad_clauses"])
     return [r for r in rows if not r.get("infra_error")]
 
 
@@ -88,6 +108,13 @@ def diagnose(rows: list[dict]) -> dict:
     closings = {"failed": Counter(shape(r["answer"]) for r in fail_rows).most_common(8),
                 "passed": Counter(shape(r["answer"]) for r in pass_rows).most_common(5)}
     clauses = Counter(c for r in rows for c in r["bad_clauses"]).most_common(8)
+    by_step: dict[int, list[float]] = {}
+    for r in fail_rows:
+        if r.get("claim_logprob") is not None:
+            by_step.setdefault(r["step"], []).append(r["claim_logprob"])
+    prob = {k: {"episodes": len(v), "p_mean": round(sum(math.exp(x) for x in v) / len(v), 4)}
+            for k, v in sorted(by_step.items())}
+    answered = [r for r in fail_rows if r["answer"].strip()]
     return {
         "episodes": len(rows), "pass_rate": round(len(pass_rows) / max(1, len(rows)), 3),
         "false_claim_episodes": {"failed": sum(r["false"] > 0 for r in fail_rows), "of_failed": len(fail_rows),
@@ -100,6 +127,8 @@ def diagnose(rows: list[dict]) -> dict:
         "evidence_advantage_change_of_false_claim_episodes": {
             "failed_mean": round(sum(false_fail_adv) / max(1, len(false_fail_adv)), 4),
             "passed_mean": round(sum(false_pass_adv) / max(1, len(false_pass_adv)), 4)},
+        "false_claim_share_of_answered_failures": round(sum(r["false"] > 0 for r in answered) / max(1, len(answered)), 3),
+        "false_claim_token_prob_in_failures_by_step": prob,
         "closings": closings, "false_clauses": clauses,
     }
 

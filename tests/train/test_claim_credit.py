@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -76,12 +77,12 @@ def test_split_partitions_the_sampled_tokens(tok):
 def test_credit_puts_the_penalty_on_the_claim_only_and_falls_back_when_not_found(tok):
     dec = claim_decoder(BUILTIN)
     s = answer_sample(tok, "Fixed `f` in a.py: the operator is corrected and the tests pass.")
-    pairs, n = credit([s], 0.25, -0.2, ["the operator is corrected and the tests pass."], dec, weight=3.0)
+    pairs, n, logprob = credit([s], 0.25, -0.2, ["the operator is corrected and the tests pass."], dec, weight=3.0)
     assert n > 0 and [a for _, a in pairs] == [0.25, pytest.approx(-0.6)]
-    assert sum(pairs[1][0].mask) == n
-    pairs, n = credit([s], 0.25, -0.2, ["nowhere in it"], dec, weight=3.0)
+    assert sum(pairs[1][0].mask) == n and logprob == pytest.approx(-0.1 * n)  # the answer's tokens: -0.1 each
+    pairs, n, _ = credit([s], 0.25, -0.2, ["nowhere in it"], dec, weight=3.0)
     assert n == 0 and [a for _, a in pairs] == [pytest.approx(0.05)]  # the whole episode, as before
-    pairs, n = credit([s], 0.25, 0.0, ["the tests pass"], dec, weight=3.0)
+    pairs, n, _ = credit([s], 0.25, 0.0, ["the tests pass"], dec, weight=3.0)
     assert n == 0 and [a for _, a in pairs] == [0.25]
 
 
@@ -106,6 +107,7 @@ def test_advantages_credit_claims_even_where_every_episode_fails_alike(tok):
     assert folded == [0.0, 0.0, pytest.approx(0.6), pytest.approx(-0.6)]
     samples, advs, counts = advantages_for(eps, 0, RLConfig(), LossConfig(), cfg, dec)
     assert counts["claim_credit_episodes"] == 3 and counts["claim_credit_unlocated"] == 0
+    assert counts["claim_credit_prob"] == pytest.approx(math.exp(-0.1), abs=1e-4)  # logged per step (rounded)
     assert len(samples) == 7  # 3 episodes split in two
     k = 7 / 4  # the token_sum normaliser grows with the sequences: every advantage scaled back
     assert advs == pytest.approx([0.0, -0.6 * k, 0.0, -0.6 * k, 0.5 * k, -0.5 * k, -0.6 * k])
