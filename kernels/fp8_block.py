@@ -87,8 +87,10 @@ def fp8_linear_reference(x: torch.Tensor, data: torch.Tensor, scale_inv: torch.T
 
 
 def fp8_linear(x: torch.Tensor, data: torch.Tensor, scale_inv: torch.Tensor, bias: torch.Tensor | None = None,
-               block: tuple[int, int] = BLOCK, backend: Backend = "auto") -> torch.Tensor:
-    """x [..., K] @ W.T for a block-FP8 W [N, K]: [..., N] in x's dtype. See the module docstring."""
+               block: tuple[int, int] = BLOCK, backend: Backend = "auto", reduce: bool = True) -> torch.Tensor:
+    """x [..., K] @ W.T for a block-FP8 W [N, K]: [..., N] in x's dtype. See the module docstring.
+    reduce=False, 2-D x: the Triton kernel's float32 split-K partials [M, S, N] where it splits the reduction
+    (kernels/fused.py's add_rms_norm adds them); the output [M, N] otherwise."""
     check_pair(data, scale_inv, block)
     if x.shape[-1] != data.shape[1]:
         raise ValueError(f"x {tuple(x.shape)} does not fit weight {tuple(data.shape)}")
@@ -96,8 +98,9 @@ def fp8_linear(x: torch.Tensor, data: torch.Tensor, scale_inv: torch.Tensor, bia
         from kernels.fp8_linear_triton import fp8_linear_triton
 
         lead = x.shape[:-1]
-        out = fp8_linear_triton(x.reshape(-1, x.shape[-1]), data, scale_inv, bias, block)
-        return out.view(*lead, data.shape[0])
+        out = fp8_linear_triton(x.reshape(-1, x.shape[-1]), data, scale_inv, bias, block,
+                                reduce=reduce or x.dim() != 2)
+        return out if out.dim() == 3 and x.dim() == 2 else out.view(*lead, data.shape[0])
     return fp8_linear_reference(x, data, scale_inv, bias, block)
 
 

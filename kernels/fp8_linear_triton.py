@@ -9,7 +9,9 @@ on the [M, N] tile rather than on every weight.
 
 Decode shapes (M <= 64 rows: batch, or speculative verification) have few N tiles for a 132-SM GPU (the
 o projection of Qwen3-30B: N = 2,048), so the reduction is split over SPLIT_K programs that write float32
-partials, summed by one torch op; the split is a function of the shapes only, so the step stays capturable
+partials, summed by torch (a sum and a cast), or, with reduce=False, handed over as [M, SPLIT_K, N] for the
+next kernel to add (the decode step's o projection: kernels/fused.py's add + RMSNorm adds them as it adds a
+MoE layer's per-pair rows, two kernels a layer fewer); the split is a function of the shapes only, so the step stays capturable
 in a CUDA graph (nothing read on the host, no data-dependent grid). Prefill shapes use 64-128-row tiles: the
 same kernel as an FP8-weight GEMM with bf16 MMA (torch._scaled_mm would need the activations quantized to
 FP8 as well, a second rounding this W8A16 path avoids; on Hopper the prefill GEMM is compute-bound either
@@ -93,9 +95,11 @@ def tiles(M: int, N: int, K: int, device: torch.device, interpret: bool,
 
 def fp8_linear_triton(x_MK: torch.Tensor, data_NK: torch.Tensor, scale_inv: torch.Tensor,
                       bias_N: torch.Tensor | None = None, block: tuple[int, int] = (128, 128),
-                      config: tuple[int, int, int, int, int, int] | None = None) -> torch.Tensor:
+                      config: tuple[int, int, int, int, int, int] | None = None, reduce: bool = True) -> torch.Tensor:
     """kernels.fp8_block.fp8_linear on 2-D x ([M, K]; the weight/scale pair checked there): [M, N] in x's dtype.
-    `config` forces `tiles`' (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) (the tuner's sweep)."""
+    `config` forces `tiles`' (BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K, num_warps, num_stages) (the tuner's sweep).
+    reduce=False: where the reduction is split (and there is no bias), the float32 partial sums [M, SPLIT_K, N]
+    (a view) instead, whose sum over dim 1 rounded to x's dtype is the output; else the output as usual."""
     M, K = x_MK.shape
     N = data_NK.shape[0]
     if K != data_NK.shape[1]:
@@ -123,6 +127,8 @@ def fp8_linear_triton(x_MK: torch.Tensor, data_NK: torch.Tensor, scale_inv: torc
             F32_DOT=interp or x_MK.dtype == torch.float32, num_warps=warps, num_stages=stages)
     if split == 1:
         return out
+    if not reduce and bias_N is None:
+        return out.transpose(0, 1)
     summed = out.sum(0)
     if bias_N is not None:
         summed += bias_N.float()

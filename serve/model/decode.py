@@ -29,6 +29,7 @@ from kernels import moe_forward
 from kernels.fused import add_rms_norm, apply_rope, qk_norm_rope_cache, router_topk
 from kernels.paged_attention import paged_decode_attention
 from serve.model import numerics
+from serve.model.fp8 import FP8Linear
 from serve.model.qwen3_moe import Attention, Qwen3MoeModel, SparseMoE
 
 
@@ -44,7 +45,9 @@ def _attention(attn: Attention, h_BD: torch.Tensor, cos_BC, sin_BC, k_cache, v_c
     q_BHC = qk_norm_rope_cache(attn.qkv_proj(h_BD), attn.q_norm.weight, attn.k_norm.weight, eps, cos_BC, sin_BC,
                                k_cache, v_cache, slots_B, attn.h)
     o_BHC = paged_decode_attention(q_BHC, k_cache, v_cache, tables_BN, lens_B, block_size, attn.c ** -0.5)
-    return attn.o_proj(o_BHC.reshape(B, attn.h * attn.c))
+    o_BN = o_BHC.reshape(B, attn.h * attn.c)
+    # an FP8 o projection hands over its split-K partials, which the next add_rms_norm adds (as the MoE's rows)
+    return attn.o_proj.parts(o_BN) if isinstance(attn.o_proj, FP8Linear) else attn.o_proj(o_BN)
 
 
 def _moe(moe: SparseMoE, h_BD: torch.Tensor, routes_SMK: torch.Tensor | None, slots_B: torch.Tensor) -> torch.Tensor:

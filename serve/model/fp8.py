@@ -44,6 +44,11 @@ class FP8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return fp8_linear(x, self.weight, self.weight_scale_inv, self.bias, self.block)
 
+    def parts(self, x_MK: torch.Tensor) -> torch.Tensor:
+        """forward, or (the Triton kernel with its reduction split, at decode rows) its float32 partial sums
+        [M, S, N] for the next add_rms_norm to add: the decode step's o projection, two kernels fewer."""
+        return fp8_linear(x_MK, self.weight, self.weight_scale_inv, self.bias, self.block, reduce=False)
+
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
         return dequantize_block_fp8(self.weight, self.weight_scale_inv, dtype, self.block)
 

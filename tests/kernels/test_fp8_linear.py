@@ -93,3 +93,23 @@ def test_fp8_dense_layers_in_the_gpu_decode_step(device):
     seqs = ops.prefill(blocks, runner, 1, cfg["vocab_size"])
     counter = ops.step("static", blocks, runner, seqs, strict=True)
     assert counter.launches["fp8_linear"] == 2 * cfg["num_hidden_layers"] + 1 and not counter.syncs
+
+
+def test_split_k_partials_added_by_the_next_norm_give_the_same_bits(device):
+    """reduce=False hands the split-K partials [M, S, N] to add_rms_norm (the decode step's o projection):
+    the same sum and residual as reducing first, two kernels fewer (no torch sum, no cast)."""
+    from kernels.fused import add_rms_norm
+
+    g = torch.Generator().manual_seed(3)
+    data, s = (t.to(device) for t in quantize_block_fp8(torch.randn(64, 256, generator=g) * 0.05))
+    x = torch.randn(2, 256, generator=g).to(device)
+    parts = fp8_linear(x, data, s, backend="triton", reduce=False)
+    assert parts.dim() == 3 and parts.shape[0] == 2 and parts.shape[2] == 64 and parts.shape[1] > 1
+    residual, w = torch.randn(2, 64, generator=g).to(device), torch.rand(64, generator=g).to(device) + 0.5
+    with OpCounter(strict=True) as ops:
+        got = add_rms_norm(parts, residual, w, 1e-6)
+    want = add_rms_norm(fp8_linear(x, data, s, backend="triton"), residual, w, 1e-6)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert ops.total == 1  # the norm's own launch
+    bias = torch.randn(64, generator=g).to(device)  # a bias: reduced as before (the norm adds no bias)
+    assert fp8_linear(x, data, s, bias, backend="triton", reduce=False).shape == (2, 64)
