@@ -138,13 +138,15 @@ def triton_cdiv(a: int, b: int) -> int:
 @pytest.mark.slow
 def test_the_fused_kernel_at_the_30b_layer_shape_one_token(device):
     """Qwen3-30B-A3B's layer (D 2048, I 768, top-8; 8 experts in all: the other 120 are never read) for one
-    token: the fused kernel at the GPU candidates' widest tiles against the reference."""
+    token: the fused kernel against the reference, at tiles the interpreter runs in seconds (3 slices of 256
+    over I, all of D in one tile; at the GPU candidates' 64-wide slices and 256-wide K tiles it takes ~80 s,
+    and agreed as closely: BENCHMARKS, issue 51)."""
     T, E, K, D, inter = 1, 8, 8, 2048, 768
     x, ids, w, w13, w2 = make_layer(T, E, K, D, inter, seed=30)
     q13, q2 = MXFP8Tensor.quantize(w13, backend="torch"), MXFP8Tensor.quantize(w2, backend="torch")
     ref = moe_reference(x, ids, w, q13, q2)
     on = (MXFP8Tensor(q13.data.to(device), q13.scales.to(device)), MXFP8Tensor(q2.data.to(device), q2.scales.to(device)))
-    cfg = VariantConfig("dot", KernelTiles(64, 256), KernelTiles(128, 512), fused=True)
+    cfg = VariantConfig("dot", KernelTiles(256, 2048), KernelTiles(512, 512), fused=True)
     out = moe_decode_variant(x.to(device), ids.to(device), w.to(device), *on, cfg)
     gap = float((out.cpu() - ref).abs().max() / ref.abs().max())
     assert gap < (1e-5 if device.type == "cpu" else 3e-2), gap
