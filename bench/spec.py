@@ -134,17 +134,22 @@ async def replay(engine, reqs: list[Request], temperature: float, concurrency: i
 
 
 def run_one(model_dir: str, method: str, reqs: list[Request], warm: list[Request], temperature: float,
-            concurrency: int, stops: list[int], adaptive: bool, spec_tokens: int) -> dict:
+            concurrency: int, stops: list[int], adaptive: bool, spec_tokens: int, warm_tokens: int = WARM_TOKENS) -> dict:
     from serve.engine.native import EngineConfig, NativeEngine
 
     engine = NativeEngine(model_dir, EngineConfig(dtype="float64", speculative=method, max_num_seqs=max(8, concurrency),
                                                   num_speculative_tokens=spec_tokens, speculative_adaptive=adaptive))
     try:
         # warm-up: other text into the drafter's cache, the step cost model fitted, first-call costs paid
-        asyncio.run(replay(engine, warm, temperature, concurrency, stops, WARM_TOKENS))
+        asyncio.run(replay(engine, warm, temperature, concurrency, stops, warm_tokens))
         before = engine.stats()
         results, wall = asyncio.run(replay(engine, reqs, temperature, concurrency, stops))
         after = engine.stats()
+        cost = None
+        if engine.spec is not None:  # the verify cost the engine learned from its own steps (batch 1 and 8)
+            c = engine.spec.cost
+            cost = {n: {"plain_ms": round(c.plain(n) * 1e3, 3), "seen": n in c.base,
+                        "factor": [round(f, 3) for f in c.factors(n, 2 * spec_tokens)]} for n in (1, 8)}
     finally:
         asyncio.run(engine.stop())
     tokens = sum(r["tokens"] for r in results)
@@ -158,7 +163,7 @@ def run_one(model_dir: str, method: str, reqs: list[Request], warm: list[Request
         "stream_decode_tok_s": after_first / max(decode_s, 1e-9),
         "accepted": accepted, "forwards": tokens - accepted, "tok_per_forward": tokens / max(tokens - accepted, 1),
         "spec_drafted": after.spec_drafted - before.spec_drafted, "spec_accepted": after.spec_accepted - before.spec_accepted,
-        "spec_verifies": after.spec_verifies - before.spec_verifies, "requests": results,
+        "spec_verifies": after.spec_verifies - before.spec_verifies, "step_cost": cost, "requests": results,
     }
 
 
@@ -315,6 +320,9 @@ def main() -> int:
     p.add_argument("--fixed", action="store_true",
                    help="no cost model (speculative_adaptive=False): the edit sets, greedy, batch 1; spec-fixed.json")
     p.add_argument("--record-limit", type=int, default=12, help="episodes per set when recording")
+    p.add_argument("--warm-requests", type=int, default=WARM_REQUESTS,
+                   help="requests of another set each engine serves first (their outputs fill the drafter's cache)")
+    p.add_argument("--warm-tokens", type=int, default=WARM_TOKENS, help="max_tokens of each warm-up request")
     args = p.parse_args()
     if args.quick:
         args.limit, args.temperatures, args.repeat = args.limit or 6, [0.0], min(args.repeat, 2)
@@ -366,14 +374,14 @@ def main() -> int:
     cells, failures, kind_cache = [], [], {}
     for s, reqs in sets.items():
         other = SETS[(SETS.index(s) + 1) % len(SETS)]  # warm on another set's text
-        warm = every[other][:WARM_REQUESTS]
+        warm = every[other][: args.warm_requests]
         byid = {r.id: r for r in reqs}
         for temp in args.temperatures:
             for conc in args.concurrency:
                 reps: list[dict[str, dict]] = []
                 for _ in range(args.repeat):  # trios back to back: each ratio is read between neighbours
                     reps.append({m: run_one(model_dir, m, reqs, warm, temp, conc, chat.stop_token_ids, not args.fixed,
-                                            spec_tokens) for m in METHODS})
+                                            spec_tokens, args.warm_tokens) for m in METHODS})
                 runs = {m: summarize([rep[m] for rep in reps]) for m in METHODS}
                 for m in METHODS:
                     runs[m]["kinds"] = by_kind(chat, reps[0][m], byid, kind_cache)
