@@ -35,7 +35,8 @@ def block(kernels):
     (8, 32, 4, 128, 64, False),  # decode: 1-2 rows per expert (the streaming loop)
     (40, 4, 2, 96, 48, True),  # skew: some experts past 16 rows (the library GEMM), some empty
     (5, 6, 3, 70, 22, False),  # sizes that are not multiples of 4 or 8 (a last block of 6 or 12 columns)
-    (300, 4, 2, 128, 64, False),  # prefill: ~150 rows an expert, the library GEMM (oneDNN's for float32)
+    (300, 4, 2, 128, 64, False),  # prefill: ~150 rows an expert (float32: the loop, with torch's SiLU; bf16: GEMM)
+    (1200, 4, 2, 64, 32, False),  # ~600 rows an expert: the library GEMM (oneDNN's for float32)
 ])
 def test_matches_the_grouped_reference(kernels, block, T, E, K, D, inter, skew):
     x, ids, w, w13, w2 = make_layer(T, E, K, D, inter, seed=T, skew=skew)
