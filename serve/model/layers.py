@@ -127,7 +127,10 @@ def paged_attention(q_THC: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         B = meta.decode_rows_B.shape[0]
         only_decode = not meta.prefill and B == T  # every row decodes, in order: no gather or scatter of q
         q_BHC = q_THC if only_decode else q_THC.index_select(0, meta.decode_rows_B)
-        if meta.cpu_kernels is not None and not exact:  # CPU: read each sequence's pages in place
+        if B == 1 and few_queries(q_BHC, 1, exact) and meta.cpu_kernels is None:  # one sequence: no padding, no mask
+            o_BHC = few_query_attention(q_BHC, k_cache.index_select(0, meta.decode_slots_BL[0]),
+                                        v_cache.index_select(0, meta.decode_slots_BL[0]))
+        elif meta.cpu_kernels is not None and not exact:  # CPU: read each sequence's pages in place
             o_BHC = meta.cpu_kernels.paged_decode_attention(q_BHC, k_cache, v_cache, meta.decode_tables_BN,
                                                               meta.decode_lens_B, meta.block_size,
                                                               q_BHC.shape[-1] ** -0.5)
@@ -151,6 +154,11 @@ def paged_attention(q_THC: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     if meta.decode_rows_B.numel():
         out_THC.index_copy_(0, meta.decode_rows_B, o_BHC)
     for s in meta.prefill:
+        if s.ctx_len > s.q_len and few_queries(q_THC, s.q_len, exact):  # e.g. verifying a draft after a cache
+            out_THC[s.start : s.start + s.q_len] = few_query_attention(
+                q_THC[s.start : s.start + s.q_len], k_cache.index_select(0, s.slots_L),
+                v_cache.index_select(0, s.slots_L), s.ctx_len - s.q_len)
+            continue
         q_HQC = q_THC[s.start : s.start + s.q_len].transpose(0, 1)
         k_GLC = k_cache.index_select(0, s.slots_L).transpose(0, 1)
         v_GLC = v_cache.index_select(0, s.slots_L).transpose(0, 1)
@@ -182,3 +190,32 @@ def attention(q_BHQC: torch.Tensor, k_BGLC: torch.Tensor, v_BGLC: torch.Tensor,
         return F.scaled_dot_product_attention(q_BHQC, k_BGLC, v_BGLC, attn_mask=mask_BQL, is_causal=mask_BQL is None)
     return F.scaled_dot_product_attention(q_BHQC, k_BGLC, v_BGLC, attn_mask=mask_BQL, is_causal=mask_BQL is None,
                                           enable_gqa=q_BHQC.shape[1] != k_BGLC.shape[1])
+
+
+# A few query rows of one sequence (a decode, or verifying a short draft) on a CPU: the flash kernel's fixed
+# cost per call dominates there (float64, 8 heads of 16 over ~500 cached keys: ~130 us for 1 query), where two
+# batched matmuls on the gathered keys as they lie, with the heads grouped (no copies), and one softmax take
+# ~70 us (one thread). Only for float32/float64 (the matmuls keep the scores in the dtype flash sums them in;
+# bfloat16 scores would round), and not in the batch-invariant mode, which has its own kernels.
+FEW_QUERIES = 16
+
+
+def few_queries(q: torch.Tensor, q_len: int, exact: bool | str) -> bool:
+    return (not exact and q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
+            and q_len <= FEW_QUERIES)
+
+
+def few_query_attention(q_QHC: torch.Tensor, k_LGC: torch.Tensor, v_LGC: torch.Tensor, cached: int = 0) -> torch.Tensor:
+    """Attention of one sequence's last Q positions ([Q, H, C]) over its L keys and values ([L, G, C], as
+    gathered from the cache), query i seeing keys up to cached + i; SDPA's default scale, head h reading kv
+    head h // (H / G) (enable_gqa's grouping). Returns [Q, H, C]."""
+    Q, H, C = q_QHC.shape
+    L, G = k_LGC.shape[0], k_LGC.shape[1]
+    rep = H // G
+    q_GMC = q_QHC.reshape(Q, G, rep, C).permute(1, 2, 0, 3).reshape(G, rep * Q, C)  # rows (r, i) of kv head g
+    s_GML = torch.bmm(q_GMC, k_LGC.permute(1, 2, 0)).mul_(C ** -0.5)
+    if Q > 1:  # query i must not see the draft tokens after it
+        later_QL = torch.ones(Q, Q, dtype=torch.bool, device=q_QHC.device).triu_(1)
+        s_GML.view(G, rep, Q, L)[..., cached:].masked_fill_(later_QL, float("-inf"))
+    o_GMC = torch.bmm(torch.softmax(s_GML, dim=-1), v_LGC.permute(1, 0, 2))
+    return o_GMC.view(G, rep, Q, C).permute(2, 0, 1, 3).reshape(Q, H, C)

@@ -377,12 +377,14 @@ class Qwen3MoeModel(nn.Module):
         1.1-1.4x faster than the transpose of an [N, D] one at those sizes (batch 8: 4.8 -> 3.7 ms per e32
         layer): they are stored input-major, keeping their [E, N, D] shape (a transposed view). A
         oneDNN-packed copy per expert was measured too: faster from ~8 rows, slower at 1-2 (decode at low
-        concurrency), so not used. Returns what was done ("" for nothing: off a CPU, or no oneDNN for the dtype)."""
+        concurrency), so not used. Returns what was done ("" for nothing: off a CPU; "q/k/v fused" alone where oneDNN lacks the dtype)."""
         dtype = self.embed_tokens.weight.dtype
-        if self.embed_tokens.weight.device.type != "cpu" or not cpu_pack.available(dtype):
+        if self.embed_tokens.weight.device.type != "cpu":
             return ""  # nothing to say on the start-up line
         for layer in self.layers:
             layer.self_attn.fuse_qkv()
+        if not cpu_pack.available(dtype):  # e.g. float64 (the built-in model as served): one q/k/v matmul still
+            return "q/k/v fused"  # saves two ops per layer, which its decode step is bound by
         n = cpu_pack.pack_linears(self, min_linear_elements)
         experts = 0
         for moe in self.moe_layers():
