@@ -54,3 +54,14 @@ def test_cpu_prefill_takes_the_flash_kernel_not_the_math_path(cached):
     _, _, ops = prefill_after(cached, 64)
     assert "aten::_scaled_dot_product_flash_attention_for_cpu" in ops
     assert "aten::_scaled_dot_product_attention_math" not in ops
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("new", [2, 9, 16])
+def test_a_few_rows_after_a_cached_prefix_skip_the_flash_kernel(new, dtype):
+    """A short draft verified after a cache (speculative decoding on a CPU): two batched matmuls on the
+    gathered keys, each row seeing the cache and the draft up to itself; the same values as the full pass."""
+    got, want, ops = prefill_after(200, new, dtype=dtype, seed=new)
+    tol = 2e-6 if dtype == torch.float32 else 1e-12
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" not in ops
