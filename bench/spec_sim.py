@@ -130,6 +130,7 @@ def main() -> int:
     p.add_argument("--adaptive", action="store_true", help="the cost model's drafts, not every proposal")
     p.add_argument("--costs", default=DEFAULT_COSTS, help="ms of a batch-1 step verifying 0, 1, 2, ... draft tokens")
     p.add_argument("--warm-tokens", type=int, default=WARM_TOKENS, help="tokens of each warm request's output")
+    p.add_argument("--json", type=Path, help="write every figure here")
     args = p.parse_args()
 
     from serve.chat_format import ChatFormat
@@ -148,6 +149,7 @@ def main() -> int:
         outputs.update(greedy_outputs(model_dir, {s: r for s, r in todo.items() if r}, chat.stop_token_ids))
         args.outputs.write_text(json.dumps(outputs, separators=(",", ":")))
     names = [s for s in SETS if s in every]
+    rows = []
     for s in args.sets:
         if s not in every:
             continue
@@ -158,11 +160,16 @@ def main() -> int:
             for k in args.k:
                 res = simulate(reqs, outputs, warm, k, method, kinds, args.warm_tokens, adaptive=args.adaptive,
                                costs=[float(x) for x in args.costs.split(",")])
+                rows.append({"set": s, "method": method, "k": k, **res})
                 kd = "; ".join(f"{n} {d['tok_per_forward']:.2f} ({d['tokens']})" for n, d in sorted(res["kinds"].items()))
                 print(f"{s:7s} {method:6s} k={k:2d}: {res['tok_per_forward']:.2f} tok/fwd, "
                       f"{res['accepted_of_drafted']:.0%} of {res['drafted']} drafted accepted, {res['tokens']} tokens, "
                       f"{res['speedup']:.2f}x at those step costs"
                       + (f"  [{kd}]" if kd else ""), flush=True)
+    if args.json:
+        meta = {"command": " ".join(["bench/spec_sim.py", *sys.argv[1:]]), "adaptive": args.adaptive,
+                "costs_ms": args.costs, "warm_requests": args.warm_requests, "warm_tokens": args.warm_tokens}
+        args.json.write_text(json.dumps({**meta, "rows": rows}, indent=1))
     return 0
 
 
