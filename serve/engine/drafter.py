@@ -12,15 +12,16 @@ longest suffix of the context that occurs before, and reads what followed each o
 their continuations form the frequency tree a suffix tree's node holds below the match. The draft
 follows the most frequent branch; each token's confidence is its share of the occurrences still
 agreeing, so text seen once proposes with less weight than text that recurs. Indexing is one dict
-append per token (a 16k-token prompt in ~5 ms), which is why it is positions and not a built tree:
-building a tree per request cost more than every query it answered.
+append per token (1-5 µs a token on the 2-core machine), which is why it is positions and not a built
+tree: building a tree per request cost more than every query it answered.
 
-Two sources feed a sequence's draft: its own prompt and output (`SeqDrafter`, grown as tokens come)
-and `DraftCache`, the outputs of recent finished requests (each with the prompt tail before it), bound
-by a token budget and kept per scope (a tenant's API key), so one user's text never drafts another's.
-The draft with more expected accepted tokens wins. `method="ngram"` is prompt lookup, the simple
-baseline: the sequence's own text only, the most recent occurrence of the longest match, no
-frequencies.
+Two sources feed a sequence's draft: its own prompt and output (`TextIndex`, scanned rather than indexed:
+a prompt of thousands of tokens would otherwise be indexed on the request's first decode step) and
+`DraftCache`, the outputs of recent finished requests (each with the prompt tail before it), bound by a
+token budget and kept per scope (a tenant's API key), so one user's text never drafts another's. The
+longer match of the two wins; where both match equally long, their occurrences vote together
+(serve/engine/speculation.propose). `method="ngram"` is prompt lookup, the simple baseline: the
+sequence's own text only, the most recent occurrence of the longest match, no frequencies.
 
 How many tokens to verify is decided per batch by `plan` (serve/engine/speculation.py).
 """

@@ -14,11 +14,13 @@ logprobs, routed experts and stop tokens come from the rows as from decode steps
 mismatch leave K/V in slots that the next tokens overwrite and are never published to the prefix cache.
 
 Draft length is a cost decision made per batch (`Speculator.plan`): each draft token's chance of being
-accepted is estimated from the proposal's frequency-based confidence, the length of the match behind it
-and the sequence's recent acceptance; a step's time is modelled as a + b x rows, fitted online from the
-engine's own decode and verify steps (`StepCost`); tokens are added, most likely first, while the
-expected tokens per second of the step grows. Large batches (where a step's rows cost nearly their
-share) and text that never repeats (no proposal) verify nothing: the step is a plain decode step.
+kept is the product, over it and the tokens before it, of the proposal's frequency-based confidence
+times the sequence's learned acceptance per unit of confidence; a step's time for every (batch size,
+draft tokens) is learned from the engine's own decode and verify steps (`StepCost`: on a CPU it is far
+from linear in rows, the first extra rows hitting new experts); tokens are taken most likely first and
+the count kept is the one whose step gives the most expected tokens per second. Large batches (where a
+step's rows cost their share) and text that never repeats (no proposal, or acceptance too low to pay)
+verify nothing: the step is a plain decode step.
 """
 
 from __future__ import annotations
