@@ -83,8 +83,8 @@ def count_step(config: dict, options: dict, seqs: int = 2, length: int = 32) -> 
 
     folder = Path(tempfile.mkdtemp(prefix="train-ops-"))
     (folder / "config.json").write_text(json.dumps(config))
-    tc = TrainerConfig(load_format="dummy", dtype="bfloat16", device="cpu", vocab_chunk=CHUNK,
-                       micro_batch_tokens=seqs * length, **options)
+    tc = TrainerConfig(**{"load_format": "dummy", "dtype": "bfloat16", "device": "cpu", "vocab_chunk": CHUNK,
+                          "micro_batch_tokens": seqs * length, **options})
     trainer = Counted(folder, tc)
     samples = make_samples(config["vocab_size"], seqs, length)
     trainer.step(samples, [1.0 if i % 2 else -1.0 for i in range(seqs)])  # warm: checks, caches
