@@ -57,6 +57,13 @@ def _routed(ids_ptr, stride_it, T, j, TOP_K: tl.constexpr, BLOCK_T: tl.constexpr
 
 
 @triton.jit
+def tile_cols(axis: tl.constexpr, BLOCK_N: tl.constexpr, limit):
+    """This program's BLOCK_N output columns along grid axis `axis`, and which lie below `limit`."""
+    n_N = tl.program_id(axis) * BLOCK_N + tl.arange(0, BLOCK_N)
+    return n_N, n_N < limit
+
+
+@triton.jit
 def weighted_rows_store(acc, weights_ptr, out_ptr, pair_T, hit_T, n_N, ok_N, stride_wt, stride_op,
                         TOP_K: tl.constexpr):
     """The down step's epilogue (every decode MoE kernel's): each routed token's row of acc [BLOCK_T, BLOCK_N]
@@ -76,8 +83,7 @@ def _gate_up_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, h_ptr, T, D, INTER,
     expert, first_slot, hit_T, pair_T = _routed(ids_ptr, stride_it, T, j, TOP_K, BLOCK_T, BLOCK_KK)
     if first_slot != j:
         return  # another slot's programs read this expert
-    n_N = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    ok_N = n_N < INTER
+    n_N, ok_N = tile_cols(1, BLOCK_N, INTER)
     h_TN = mx_swiglu_rows(x_ptr, tl.arange(0, BLOCK_T).to(tl.int64), hit_T, stride_xt, w_ptr + expert * stride_we,
                           s_ptr + expert * stride_se, n_N, ok_N, D, INTER, stride_wn, stride_sn, BLOCK_T, BLOCK_N,
                           BLOCK_K, False, F32_DOT, False)
@@ -94,8 +100,7 @@ def _down_kernel(h_ptr, ids_ptr, weights_ptr, w_ptr, s_ptr, out_ptr, T, D, INTER
     expert, first_slot, hit_T, pair_T = _routed(ids_ptr, stride_it, T, j, TOP_K, BLOCK_T, BLOCK_KK)
     if first_slot != j:
         return
-    n_N = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    ok_N = n_N < D
+    n_N, ok_N = tile_cols(1, BLOCK_N, D)
     acc = mx_rows_matmul(tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32), h_ptr, pair_T, hit_T, stride_hp,
                          w_ptr + expert * stride_we, s_ptr + expert * stride_se, n_N, ok_N, INTER, stride_wn,
                          stride_sn, BLOCK_T, BLOCK_N, BLOCK_K, False, F32_DOT, False)

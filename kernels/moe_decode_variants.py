@@ -38,9 +38,9 @@ import triton.language as tl
 
 from kernels.backend import interpreting
 from kernels.launches import launch
-from kernels.moe_decode_triton import _routed, weighted_rows_store
+from kernels.moe_decode_triton import _routed, tile_cols, weighted_rows_store
 from kernels.mxfp8 import MXFP8Tensor
-from kernels.mxfp8_triton import mx_dequant, mx_load
+from kernels.mxfp8_triton import dot_acc, mx_dequant, mx_load
 
 DECODE_VARIANT_MAX_TOKENS = 64  # the speculative-verification and batching shapes the tuner covers
 MODES = {"dot": 0, "swap": 1, "fma": 2}
@@ -61,15 +61,9 @@ def _mac(acc, a_TK, w_NK, MODE: tl.constexpr, F32_DOT: tl.constexpr):
     if MODE == 2:
         acc += tl.sum(a_TK.to(tl.float32)[:, None, :] * w_NK[None, :, :], axis=2)
     elif MODE == 1:
-        if F32_DOT:
-            acc = tl.dot(w_NK, tl.trans(a_TK.to(tl.float32)), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(w_NK.to(tl.bfloat16), tl.trans(a_TK.to(tl.bfloat16)), acc)
+        acc = dot_acc(acc, w_NK, tl.trans(a_TK), F32_DOT)
     else:
-        if F32_DOT:
-            acc = tl.dot(a_TK.to(tl.float32), tl.trans(w_NK), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a_TK.to(tl.bfloat16), tl.trans(w_NK.to(tl.bfloat16)), acc)
+        acc = dot_acc(acc, a_TK, tl.trans(w_NK), F32_DOT)
     return acc
 
 
@@ -125,8 +119,7 @@ def _gate_up_variant_kernel(x_ptr, ids_ptr, w_ptr, s_ptr, out_ptr, T, D, INTER, 
     expert, first_slot, hit_T, pair_T = _routed(ids_ptr, stride_it, T, j, TOP_K, BLOCK_T, BLOCK_KK)
     if first_slot != j:
         return  # another slot's programs read this expert
-    n_N = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    ok_N = n_N < INTER
+    n_N, ok_N = tile_cols(1, BLOCK_N, INTER)
     split = tl.program_id(2)
     k_begin = split * k_per_split
     k_end = tl.minimum(k_begin + k_per_split, D)
@@ -154,8 +147,7 @@ def _down_variant_kernel(h_ptr, ids_ptr, weights_ptr, w_ptr, s_ptr, out_ptr, T, 
     expert, first_slot, hit_T, pair_T = _routed(ids_ptr, stride_it, T, j, TOP_K, BLOCK_T, BLOCK_KK)
     if first_slot != j:
         return
-    n_N = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    ok_N = n_N < D
+    n_N, ok_N = tile_cols(1, BLOCK_N, D)
     w_ptr += expert * stride_we
     s_ptr += expert * stride_se
     acc = _zeros(BLOCK_T, BLOCK_N, MODE)

@@ -165,6 +165,17 @@ def mx_dequant(w_NK, s_NG, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
+def dot_acc(acc, p, q, F32_DOT: tl.constexpr):
+    """acc + p @ q in float32: operands in bf16 (the MMA's), or in float32 with F32_DOT (the interpreter,
+    which has no bf16 arithmetic)."""
+    if F32_DOT:
+        acc = tl.dot(p.to(tl.float32), q.to(tl.float32), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(p.to(tl.bfloat16), q.to(tl.bfloat16), acc)
+    return acc
+
+
+@triton.jit
 def mx_dot(acc, a, w_ptr, s_ptr, n_N, ok_N, k0, K, stride_wn, stride_sn,
            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_SCALED: tl.constexpr,
            F32_DOT: tl.constexpr, EXACT_CAST: tl.constexpr):
@@ -177,11 +188,7 @@ def mx_dot(acc, a, w_ptr, s_ptr, n_N, ok_N, k0, K, stride_wn, stride_sn,
         a_q, a_s = quantize_rows_mx(a.to(tl.float32), BLOCK_M, BLOCK_K, EXACT_CAST)
         acc = tl.dot_scaled(a_q, a_s, "e4m3", tl.trans(w_NK), s_NG, "e4m3", acc)
     else:
-        w = mx_dequant(w_NK, s_NG, BLOCK_N, BLOCK_K)
-        if F32_DOT:
-            acc = tl.dot(a.to(tl.float32), tl.trans(w), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)), acc)
+        acc = dot_acc(acc, a, tl.trans(mx_dequant(w_NK, s_NG, BLOCK_N, BLOCK_K)), F32_DOT)
     return acc
 
 
