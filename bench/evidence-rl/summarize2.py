@@ -34,6 +34,7 @@ def main() -> None:
     ap.add_argument("--runs", type=Path, default=Path("/tmp/m56"))
     ap.add_argument("--out", type=Path, default=Path(__file__).parent)
     a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, dict] = {}
     for path in sorted(a.runs.glob("*-s[0-9]/rl/metrics.jsonl")):
         name = path.parents[1].name
@@ -48,7 +49,7 @@ def main() -> None:
 
     first = json.loads((a.out / "heldout.json").read_text())
     table = {"start": row_of(first["results"]["start"]["seen"])}
-    for path in sorted(a.runs.glob("heldout-s[0-9]/heldout.json")):
+    for path in sorted(a.runs.glob("heldout-s*/heldout.json")):
         for name, res in json.loads(path.read_text())["results"].items():
             if "seen" in res:
                 table[name] = row_of(res["seen"])
