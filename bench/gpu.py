@@ -41,8 +41,8 @@ the rest; budgets are checked between measurements):
   reference on this device, then one RL step at the 4-layer Qwen3-30B-A3B shape, 8 x 2,048 tokens, half
   trained, micro-batches of 4,096 (bench/train_step.py): seconds, tokens/s, MFU of a measured bf16 matmul
   rate, peak memory against the memory plan, forward/backward/optimizer split; with and without
-  activation checkpointing, then (on a GPU) each trainer option of bench/train_step.py OPTIONS (the fused expert
-  backward) beside the default, each row naming its option; on a GPU a profiled step adds its top ops.
+  activation checkpointing, then (on a GPU) each trainer option of bench/train_step.py OPTIONS (fused expert
+  backward, norms, LM head, all three, one 16k micro-batch) beside the default, each row naming its option; on a GPU a profiled step adds its top ops.
 - rl (only when named: `--sections rl`): a few colocated RL steps (bench/gpu_rl.py): the native engine and
   the trainer in this process on one device, 8 layers of the 30B shape (4 where the memory plan says 8 do
   not fit), random weights, one-turn synthetic tasks through the real agent loop with a scripted verifier:
