@@ -114,6 +114,7 @@ def _cases() -> list[tuple[str, Callable[[], None]]]:
     from kernels import batch_invariant_triton as bi
     from kernels.fp8_linear_triton import fp8_linear_triton
     from kernels.fused_triton import add_rms_norm_triton, qk_norm_rope_cache_triton, router_topk_triton
+    from kernels.lm_head_triton import fused_chunked_logprobs
     from kernels.moe_align_triton import moe_align_block_size_triton
     from kernels.moe_decode_triton import fused_moe_mxfp8_decode
     from kernels.moe_decode_variants import KernelTiles, VariantConfig, moe_decode_variant
@@ -121,7 +122,6 @@ def _cases() -> list[tuple[str, Callable[[], None]]]:
     from kernels.mxfp8 import MXFP8Tensor
     from kernels.mxfp8_triton import dequantize_mxfp8_triton, quantize_mxfp8_triton
     from kernels.paged_attention_triton import paged_decode_attention_triton
-    from kernels.lm_head_triton import fused_chunked_logprobs
     from kernels.rms_norm_triton import rms_norm_train
     from kernels.swiglu_triton import swiglu_backward_triton
 
@@ -258,13 +258,13 @@ def main(argv: list[str] | None = None) -> int:
     import kernels.batch_invariant_triton
     import kernels.fp8_linear_triton
     import kernels.fused_triton
+    import kernels.lm_head_triton
     import kernels.moe_align_triton
     import kernels.moe_decode_triton
     import kernels.moe_decode_variants
     import kernels.moe_triton
     import kernels.mxfp8_triton
     import kernels.paged_attention_triton
-    import kernels.lm_head_triton
     import kernels.rms_norm_triton
     import kernels.swiglu_triton
 

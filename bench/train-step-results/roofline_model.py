@@ -7,14 +7,21 @@ micro-batch), scales ops over expert weights x16 (128 experts) and ops over the 
 prices each op at max(bytes / BW, flops / PEAK) + a launch floor. Triton launches (MoE forward) are priced at
 the H200 kernel figure (1.65 ms per layer at 4,096 tokens, bench/gpu-results). Host overhead is not modelled.
 """
-import json, sys, tempfile, contextlib, collections
+import contextlib
+import json
+import os
+import sys
+import tempfile
 from pathlib import Path
-sys.path.insert(0, "/work/main")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from kernels.op_count import FREE_OPS
-from kernels.launches import on_launch, inside_launch
+
+import kernels.mxfp8_linear  # noqa: F401  (patched below through sys.modules: kernels exports a function of that name)
 from bench.train_step import make_samples
+from kernels.launches import inside_launch, launch, on_launch
+from kernels.op_count import FREE_OPS
 from serve.model.config import QWEN3_30B_A3B
 from train.trainer import Trainer, TrainerConfig
 
@@ -22,17 +29,30 @@ E, V, CHUNK = 8, 16384, 1639  # experts, vocabulary and slice here (10 slices, a
 BW, PEAK, FLOOR = 3.3e12, 600e12, 4e-6
 OPTION = json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}
 
-def nb(t): return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+
+def nb(t):
+    return t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0
+
+
 def tensors(x):
-    if isinstance(x, torch.Tensor): yield x
+    if isinstance(x, torch.Tensor):
+        yield x
     elif isinstance(x, (list, tuple)):
-        for y in x: yield from tensors(y)
+        for y in x:
+            yield from tensors(y)
+
 
 class Rec(TorchDispatchMode):
-    def __init__(self): super().__init__(); self.ops = []; self.phase = None
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+        self.phase = None
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if inside_launch() or func.overloadpacket in FREE_OPS or func.is_view: return out
+        if inside_launch() or func.overloadpacket in FREE_OPS or func.is_view:
+            return out
         ins = list(tensors(args)) + list(tensors(list((kwargs or {}).values())))
         outs = list(tensors(out))
         name = str(func.overloadpacket)
@@ -43,8 +63,10 @@ class Rec(TorchDispatchMode):
         elif name == "aten._grouped_mm":
             a, b, o = ins[0], ins[1], outs[0]
             flops = 2 * o.numel() * b.shape[-2] if b.dim() == 3 else 2 * a.shape[0] * a.shape[1] * b.shape[1]
-        isE = lambda t: t.dim() == 3 and t.shape[0] == E and t.shape[1] in (1536, 2048, 768)
-        isV = lambda t: any(d in (V, CHUNK, V - 9 * CHUNK) for d in t.shape) and t.dim() == 2
+        def isE(t):
+            return t.dim() == 3 and t.shape[0] == E and t.shape[1] in (1536, 2048, 768)
+        def isV(t):
+            return any(d in (V, CHUNK, V - 9 * CHUNK) for d in t.shape) and t.dim() == 2
         bE = sum(nb(t) for t in ins + outs if isE(t))
         bV = sum(nb(t) for t in ins + outs if not isE(t) and isV(t))
         byts = sum(nb(t) for t in ins + outs) - bE - bV
@@ -53,17 +75,18 @@ class Rec(TorchDispatchMode):
         self.ops.append((self.phase, name, cls))
         return out
 
-import kernels.mxfp8_linear; _ml = sys.modules["kernels.mxfp8_linear"]
-from kernels.launches import launch as _launch
+
+_ml = sys.modules["kernels.mxfp8_linear"]
 _orig = _ml.moe_forward
 def _moe_forward(*a, **k):  # the served MoE forward (Triton on the GPU): one priced "launch", its CPU ops left out
-    with _launch("moe_forward"):
+    with launch("moe_forward"):
         return _orig(*a, **k)
 _ml.moe_forward = _moe_forward
 
 def run(T):
-    cfg = dict(QWEN3_30B_A3B, num_hidden_layers=int(__import__("os").environ.get("LAYERS", "1")), num_experts=E, vocab_size=V)
-    folder = Path(tempfile.mkdtemp()); (folder / "config.json").write_text(json.dumps(cfg))
+    cfg = dict(QWEN3_30B_A3B, num_hidden_layers=int(os.environ.get("LAYERS", "1")), num_experts=E, vocab_size=V)
+    folder = Path(tempfile.mkdtemp())
+    (folder / "config.json").write_text(json.dumps(cfg))
     rec = Rec()
     launches = []
     class Tr(Trainer):
@@ -83,12 +106,14 @@ T1, T2, TT = 128, 256, 4096
 a, la = run(T1)
 b, lb = run(T2)
 assert [x[1] for x in a] == [x[1] for x in b], "op sequences differ"
-import os
+
+
+
 def price(TT):
     rows = []
     SV = 151936 / V
-    for x, y in zip(a, b):
-        ext = [p + (q - p) / (T2 - T1) * (TT - T1) for p, q in zip(x[2], y[2])]
+    for x, y in zip(a, b, strict=False):
+        ext = [p + (q - p) / (T2 - T1) * (TT - T1) for p, q in zip(x[2], y[2], strict=False)]
         byts = ext[0] + 16 * ext[1] + SV * ext[2]
         fl = ext[3] + SV * ext[4]
         if x[1].startswith("aten._scaled_dot_product"):  # TT/2048 sequences of 2,048, causal
