@@ -10,7 +10,7 @@
         every decoder layer of a decode step in one call, bit for bit the Python forward (see
         serve/model/qwen3_moe.py's decode_plan)
     moe_float32_gemm() -> "onednn" | "mm"
-        the GEMM moe_experts gives float32 experts with many rows (a prefill): oneDNN's where torch has it
+        the GEMM moe_experts gives float32 experts with over 256 rows (a long prefill): oneDNN's where torch has it
 
 Why kernels: a CPU decode step is bound by moving bytes, and the torch paths moved more than needed
 (pages gathered into a padded copy before attention; experts' few-row matmuls streaming their weights

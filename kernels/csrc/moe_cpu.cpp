@@ -11,8 +11,9 @@
 // summing took a dozen more torch ops (and allocations) per layer. Here (token, expert) pairs are
 // counted and sorted by expert; an expert with few rows streams its weights once, block by block, keeping
 // its output rows in vector registers (bfloat16 weights are widened to float32 in registers: half the bytes
-// of float32 ones); an expert with many rows (prefill) goes to a library GEMM, which is compute-bound
-// there: oneDNN's for float32 (see `gemm`), torch's own otherwise. Experts are split over the intra-op
+// of float32 ones), and the same loop, register-blocked over groups of rows, takes a float32 prefill's
+// ~100-250 rows an expert too (see stream_limit); an expert with more rows (bfloat16: past 16) goes to a
+// library GEMM, which is compute-bound there: oneDNN's for float32 (see `gemm`), torch's own otherwise. Experts are split over the intra-op
 // threads, so two cores stream two experts at once. Each token's expert outputs are then summed in
 // ascending expert order (as the torch grouped path does), so the result does not depend on the thread
 // count. Accumulation is in float32.
