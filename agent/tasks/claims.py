@@ -353,9 +353,13 @@ def _location(subject: str, steps: list[Step]) -> Verdict:
             ok = bool(word.search(text))
             return (SUPPORTED if ok else CONTRADICTED), f"line {line} of {path} reads {text.strip()[:80]!r}", None
     for s in steps:  # the symbol seen in this file: its lines, an edit of it, a search for it that found the file
-        in_file = path and (same_path(str(s.args.get("path", "")), path) or (s.name == "grep" and path in s.output))
+        in_file = path and (same_path(str(s.args.get("path", "")), path) or (s.name == "grep" and path in s.output)
+                            or (s.name == "semantic_search" and any(same_path(p, path) for p, _ in _search_hits(s.output))))
         if not path or in_file:
-            body = s.output + " " + json.dumps(s.args) if s.name != "grep" else json.dumps(s.args)
+            if s.name == "semantic_search" and path:  # only the hits in that file, not the others' snippets
+                body = "\n".join(b for p, b in _search_hits(s.output) if same_path(p, path))
+            else:
+                body = s.output + " " + json.dumps(s.args) if s.name != "grep" else json.dumps(s.args)
             if word.search(body) and (s.name != "edit_file" or edited_path(s) is not None):
                 why = f"{s.name} call {s.index} showed `{sym}`" + (f" in {path}" if path else "")
                 if line:
@@ -379,11 +383,23 @@ def _shown_lines(path: str, steps: list[Step]) -> dict[int, str]:
         if s.name == "read_file" and same_path(str(s.args.get("path", "")), path):
             for m in re.finditer(r"^\s*(\d+)\t(.*)$", s.output, re.M):
                 lines[int(m.group(1))] = m.group(2)
+        elif s.name == "semantic_search":  # "K. path:a-b  symbol (score)" headers, each hit's numbered lines under it
+            for hit_path, body in _search_hits(s.output):
+                if same_path(hit_path, path):
+                    for m in re.finditer(r"^\s*(\d+)\t(.*)$", body, re.M):
+                        lines[int(m.group(1))] = m.group(2)
         else:
             for m in re.finditer(r"^(\S+?):(\d+):(.*)$", s.output, re.M):
                 if same_path(m.group(1), path):
                     lines[int(m.group(2))] = m.group(3)
     return lines
+
+
+def _search_hits(output: str) -> list[tuple[str, str]]:
+    """(path, the hit's header and snippet) for each hit semantic_search printed."""
+    heads = list(re.finditer(r"^\d+\. (\S+?):\d+-\d+ ", output, re.M))
+    return [(m.group(1), output[m.start():heads[i + 1].start() if i + 1 < len(heads) else len(output)])
+            for i, m in enumerate(heads)]
 
 
 _CHECKS = {"tests_pass": _tests_pass, "tests_fail": _tests_fail, "file_changed": _file_changed,

@@ -19,6 +19,7 @@ from agent.tasks.claims import (
     CONTRADICTED,
     SUPPORTED,
     UNSUPPORTED,
+    Step,
     check_claims,
     check_session,
     counts,
@@ -68,6 +69,20 @@ def test_a_line_number_no_tool_showed_is_unsupported():
     assert [s.name for s in steps] == ["grep"]
     (wrong,) = check_claims("`clamp` is defined in pkg/geometry.py.", steps)
     assert wrong.status == SUPPORTED  # the file alone is what grep showed
+
+
+def test_a_semantic_search_snippet_is_evidence_for_its_own_file_only():
+    """semantic_search prints "K. path:a-b  symbol (score)" and the hit's numbered lines under it."""
+    out = ("1. pkg/dates.py:4-9  days_in_month  (score 0.8500)\n     4\tdef days_in_month(year, month):\n"
+           "     5\t    return 30\n2. tests/test_dates.py:1-2  test_days  (score 0.61)\n"
+           "     1\tdef test_days():\n     2\t    assert days_in_month(2024, 2) == 29\n")
+    steps = [Step(0, 0, "semantic_search", {"query": "days_in_month", "k": 3}, out, True)]
+    verdict = lambda answer: [(c.subject, c.status) for c in check_claims(answer, steps)]  # noqa: E731
+    assert verdict("`days_in_month` is defined in pkg/dates.py, line 4.") == [("days_in_month@pkg/dates.py:4", SUPPORTED)]
+    assert verdict("`days_in_month` is defined in pkg/dates.py, line 5.") == [("days_in_month@pkg/dates.py:5", CONTRADICTED)]
+    # the other hit's lines are not lines of pkg/dates.py, and line 2 of the test file is not shown as pkg/dates.py's
+    assert verdict("`days_in_month` is defined in pkg/dates.py, line 2.") == [("days_in_month@pkg/dates.py:2", UNSUPPORTED)]
+    assert verdict("`days_in_month` is defined in pkg/other.py.") == [("days_in_month@pkg/other.py", UNSUPPORTED)]
 
 
 def test_hedged_and_negated_statements_are_not_claims():

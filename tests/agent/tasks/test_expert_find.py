@@ -48,6 +48,9 @@ def test_search_expert_finds_the_definition_through_semantic_search(tmp_path):
     assert res.final_text == f"`{task.meta['function']}` is defined in {task.meta['module']}, line {task.meta['line']}."
     shown = [m for m in load(res.session_path).segments[0] if m.get("role") == "tool"][0]["content"]
     assert shown.startswith("built the index") and f"def {task.meta['function']}(" in shown
+    from agent.tasks.claims import SUPPORTED, check_session
+    (claim,) = check_session(load(res.session_path))  # the answer rests on the search's snippet
+    assert (claim.kind, claim.status) == ("location", SUPPORTED), claim
 
 
 def test_grep_expert_answers_from_the_grep_output(tmp_path):
