@@ -25,15 +25,7 @@ import triton.language as tl
 
 from kernels.backend import interpreting
 from kernels.launches import launch
-from kernels.mxfp8_triton import bf16_bits_to_float32, float32_to_bf16_bits
-
-
-@triton.jit
-def _load_f32(ptrs, mask, BITS: tl.constexpr):
-    v = tl.load(ptrs, mask=mask, other=0)
-    if BITS:
-        return bf16_bits_to_float32(v)
-    return v.to(tl.float32)
+from kernels.mxfp8_triton import float32_to_bf16_bits, load_f32
 
 
 @triton.jit
@@ -48,7 +40,7 @@ def _slice_stats_kernel(z_ptr, tgt_ptr, max_ptr, sum_ptr, picked_ptr, V, start, 
     for v0 in range(0, V, BLOCK_V):
         c = v0 + cols
         mask = c < V
-        z = tl.where(mask, _load_f32(z_ptr + row * stride_z + c, mask, BITS), -3.0e38)
+        z = tl.where(mask, load_f32(z_ptr + row * stride_z + c, mask, BITS), -3.0e38)
         new_m = tl.maximum(m, z)
         s = s * tl.exp(m - new_m) + tl.where(mask, tl.exp(z - new_m), 0.0)
         m = new_m
@@ -75,7 +67,7 @@ def _slice_grad_kernel(z_ptr, tgt_ptr, lse_ptr, g_ptr, dz_ptr, V, start, stride_
     for v0 in range(0, V, BLOCK_V):
         c = v0 + cols
         mask = c < V
-        z = _load_f32(z_ptr + row * stride_z + c, mask, BITS)
+        z = load_f32(z_ptr + row * stride_z + c, mask, BITS)
         dz = tl.where(c == tgt, g, 0.0) - g * tl.exp(z - lse)
         if BITS:
             tl.store(dz_ptr + row * stride_dz + c, float32_to_bf16_bits(dz), mask=mask)

@@ -129,6 +129,24 @@ def float32_to_bf16_bits(f):
 
 
 @triton.jit
+def load_f32(ptrs, mask, BITS: tl.constexpr):
+    """Values at ptrs as float32; BITS: they are bf16 held as int16 bits (the interpreter has no bf16)."""
+    v = tl.load(ptrs, mask=mask, other=0)
+    if BITS:
+        return bf16_bits_to_float32(v)
+    return v.to(tl.float32)
+
+
+@triton.jit
+def store_f32(ptrs, v, mask, BITS: tl.constexpr):
+    """float32 v stored in ptrs' element type (as bf16 bits with BITS)."""
+    if BITS:
+        tl.store(ptrs, float32_to_bf16_bits(v), mask=mask)
+    else:
+        tl.store(ptrs, v.to(ptrs.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def quantize_rows_mx(a, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, EXACT_CAST: tl.constexpr):
     """float32 [M, K] -> (e4m3 [M, K], E8M0 uint8 [M, K // 32]), rceil, blocks of 32 along K."""
     a3 = tl.reshape(a, (BLOCK_M, BLOCK_K // 32, 32))

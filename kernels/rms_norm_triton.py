@@ -26,15 +26,7 @@ import triton.language as tl
 
 from kernels.backend import interpreting
 from kernels.launches import launch
-from kernels.mxfp8_triton import bf16_bits_to_float32, float32_to_bf16_bits
-
-
-@triton.jit
-def _load_f32(ptrs, mask, BITS: tl.constexpr):
-    v = tl.load(ptrs, mask=mask, other=0)
-    if BITS:
-        return bf16_bits_to_float32(v)
-    return v.to(tl.float32)
+from kernels.mxfp8_triton import bf16_bits_to_float32, float32_to_bf16_bits, load_f32, store_f32
 
 
 @triton.jit
@@ -46,14 +38,6 @@ def _round(v, like_ptr, BITS: tl.constexpr):
 
 
 @triton.jit
-def _store_f32(ptrs, v, mask, BITS: tl.constexpr):
-    if BITS:
-        tl.store(ptrs, float32_to_bf16_bits(v), mask=mask)
-    else:
-        tl.store(ptrs, v.to(ptrs.dtype.element_ty), mask=mask)
-
-
-@triton.jit
 def _rms_norm_fwd_kernel(x_ptr, w_ptr, y_ptr, r_ptr, N, C, eps,
                          BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, BITS: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -61,11 +45,11 @@ def _rms_norm_fwd_kernel(x_ptr, w_ptr, y_ptr, r_ptr, N, C, eps,
     rmask = rows < N
     mask = rmask[:, None] & (cols < C)[None, :]
     offs = rows[:, None] * C + cols[None, :]
-    x = _load_f32(x_ptr + offs, mask, BITS)
-    w = _load_f32(w_ptr + cols, cols < C, BITS)
+    x = load_f32(x_ptr + offs, mask, BITS)
+    w = load_f32(w_ptr + cols, cols < C, BITS)
     r = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / C + eps)
     n = _round(x * r[:, None], x_ptr, BITS)
-    _store_f32(y_ptr + offs, w[None, :] * n, mask, BITS)
+    store_f32(y_ptr + offs, w[None, :] * n, mask, BITS)
     tl.store(r_ptr + rows, r, mask=rmask)
 
 
@@ -78,15 +62,15 @@ def _rms_norm_bwd_kernel(x_ptr, w_ptr, r_ptr, dy_ptr, dx_ptr, dw_ptr, N, C,
     rmask = rows < N
     mask = rmask[:, None] & (cols < C)[None, :]
     offs = rows[:, None] * C + cols[None, :]
-    x = _load_f32(x_ptr + offs, mask, BITS)
-    dy = _load_f32(dy_ptr + offs, mask, BITS)
-    w = _load_f32(w_ptr + cols, cols < C, BITS)
+    x = load_f32(x_ptr + offs, mask, BITS)
+    dy = load_f32(dy_ptr + offs, mask, BITS)
+    w = load_f32(w_ptr + cols, cols < C, BITS)
     r = tl.load(r_ptr + rows, mask=rmask, other=0.0)
     n = _round(x * r[:, None], x_ptr, BITS)
     dn = _round(dy * w[None, :], x_ptr, BITS)  # autograd's product in x's dtype
     dot = tl.sum(dn * x, axis=1)
     dx = r[:, None] * dn - x * (r * r * r * dot / C)[:, None]
-    _store_f32(dx_ptr + offs, dx, mask, BITS)
+    store_f32(dx_ptr + offs, dx, mask, BITS)
     tl.store(dw_ptr + pid * C + cols, tl.sum(dy * n, axis=0), mask=cols < C)
 
 

@@ -25,23 +25,7 @@ import triton.language as tl
 
 from kernels.backend import interpreting
 from kernels.launches import launch
-from kernels.mxfp8_triton import bf16_bits_to_float32, float32_to_bf16_bits
-
-
-@triton.jit
-def _load_f32(ptrs, mask, BITS: tl.constexpr):
-    v = tl.load(ptrs, mask=mask, other=0)
-    if BITS:
-        return bf16_bits_to_float32(v)
-    return v.to(tl.float32)
-
-
-@triton.jit
-def _store_f32(ptrs, v, mask, BITS: tl.constexpr):
-    if BITS:
-        tl.store(ptrs, float32_to_bf16_bits(v), mask=mask)
-    else:
-        tl.store(ptrs, v.to(ptrs.dtype.element_ty), mask=mask)
+from kernels.mxfp8_triton import load_f32, store_f32
 
 
 @triton.jit
@@ -51,9 +35,9 @@ def _swiglu_backward_kernel(gu_ptr, ghu_ptr, w_ptr, dgu_ptr, hw_ptr, gw_ptr, int
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_I)
     mask = cols < inter
-    gate = _load_f32(gu_ptr + row * stride_gu + cols, mask, BITS)
-    up = _load_f32(gu_ptr + row * stride_gu + inter + cols, mask, BITS)
-    ghu = _load_f32(ghu_ptr + row * stride_ghu + cols, mask, BITS)
+    gate = load_f32(gu_ptr + row * stride_gu + cols, mask, BITS)
+    up = load_f32(gu_ptr + row * stride_gu + inter + cols, mask, BITS)
+    ghu = load_f32(ghu_ptr + row * stride_ghu + cols, mask, BITS)
     w = tl.load(w_ptr + row).to(tl.float32)
     sig = 1.0 / (1.0 + tl.exp(-gate))
     silu = gate * sig
@@ -61,9 +45,9 @@ def _swiglu_backward_kernel(gu_ptr, ghu_ptr, w_ptr, dgu_ptr, hw_ptr, gw_ptr, int
     gh = ghu * w
     dgate = gh * up * (sig * (1.0 + gate * (1.0 - sig)))
     dup = gh * silu
-    _store_f32(dgu_ptr + row * stride_dgu + cols, dgate, mask, BITS)
-    _store_f32(dgu_ptr + row * stride_dgu + inter + cols, dup, mask, BITS)
-    _store_f32(hw_ptr + row * stride_hw + cols, h * w, mask, BITS)
+    store_f32(dgu_ptr + row * stride_dgu + cols, dgate, mask, BITS)
+    store_f32(dgu_ptr + row * stride_dgu + inter + cols, dup, mask, BITS)
+    store_f32(hw_ptr + row * stride_hw + cols, h * w, mask, BITS)
     tl.store(gw_ptr + row, tl.sum(tl.where(mask, ghu * h, 0.0), axis=0))
 
 
