@@ -1,13 +1,17 @@
 #!/bin/bash
-# issue 56, second measurement: the evidence penalty credited to the claim tokens (train/claim_credit.py,
-# the default now) against a control without the term; 3 seeds, the two arms of a seed side by side
-# (1 torch thread each), then each checkpoint scored greedily on held-out tasks of seen code.
-cd /work/main
-COMMON="--families bugfix,find-def --sizes small --train-seeds 500 --model-families bugfix --eval-seeds 1 --max-turns 8 --rl-steps ${STEPS:-6} --group-size 8 --groups-per-step 4 --rl-from serve/builtin/composer-tiny"
+# issue 56: the evidence penalty credited to the claim tokens (train/claim_credit.py, the default) against a
+# control without the term; 3 seeds, the two arms of a seed side by side (1 torch thread each).
+# Second measurement: RL from the built-in model (the defaults). Third: START=/tmp/m56h/sft-start OUT=/tmp/m56h
+# (run3.sh), the honest-closing SFT start made by honest_teacher.py + composer-train sft.
+cd "$(dirname "$0")/../.."
+START=${START:-serve/builtin/composer-tiny}
+OUT=${OUT:-/tmp/m56}
+COMMON="--families bugfix,find-def --sizes small --train-seeds 500 --model-families bugfix --eval-seeds 1 --max-turns 8 --rl-steps ${STEPS:-6} --group-size 8 --groups-per-step 4 --rl-from $START"
 export OMP_NUM_THREADS=1
+mkdir -p "$OUT"
 for seed in ${SEEDS:-0 1 2}; do
   for arm in claims control; do
-    out=/tmp/m56/$arm-s$seed
+    out=$OUT/$arm-s$seed
     extra=""
     [ $arm = control ] && extra="--reward evidence_unsupported=0 --reward evidence_contradicted=0"
     echo "=== $arm seed $seed $(date +%T)"
