@@ -29,14 +29,10 @@ def row_of(seen: dict) -> dict:
             "turns": seen["turns"], "tool_calls": seen["tool_calls"], "tool_calls_per_turn": seen["tool_calls_per_turn"]}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--runs", type=Path, default=Path("/tmp/m56"))
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent)
-    a = ap.parse_args()
-    a.out.mkdir(parents=True, exist_ok=True)
+def read_runs(root: Path) -> dict[str, dict]:
+    """Every arm's RL steps under root ({claims,control}-sS/rl/metrics.jsonl): per step and their means."""
     runs: dict[str, dict] = {}
-    for path in sorted(a.runs.glob("*-s[0-9]/rl/metrics.jsonl")):
+    for path in sorted(root.glob("*-s[0-9]/rl/metrics.jsonl")):
         name = path.parents[1].name
         if name.split("-")[0] not in ARMS:
             continue
@@ -45,6 +41,16 @@ def main() -> None:
         mean = {k: round(statistics.mean(s[k] for s in per if s.get(k) is not None), 4)
                 for k in STEP_KEYS if any(s.get(k) is not None for s in per)}
         runs[name] = {"steps": len(per), "train_mean_all_steps": mean, "per_step": per}
+    return runs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=Path, default=Path("/tmp/m56"))
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent)
+    a = ap.parse_args()
+    a.out.mkdir(parents=True, exist_ok=True)
+    runs = read_runs(a.runs)
     (a.out / "runs2.json").write_text(json.dumps(runs, indent=1) + "\n")
 
     first = json.loads((a.out / "heldout.json").read_text())

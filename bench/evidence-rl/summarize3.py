@@ -27,19 +27,10 @@ sys.path.insert(0, str(ROOT))
 from agent.session import load  # noqa: E402
 from agent.tasks.claims import SUPPORTED, check_session, final_answer  # noqa: E402
 
-ARMS = ("claims", "control")
-STEP_KEYS = ("pass_rate", "unsupported_per_episode", "claims_per_episode", "turns_mean", "tool_calls_mean",
-             "reward_evidence", "claim_credit_episodes", "claim_credit_tokens", "claim_credit_unlocated",
-             "pass@8", "best_of_k_reward", "rollout_s", "train_s")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from summarize2 import ARMS, STEP_KEYS, read_runs, row_of  # noqa: E402  (the second measurement's readers)
+
 TAUGHT = re.compile(r"^I\b")  # the taught closings start "I did not fix", "I changed"; the garbled ones "I I ..."
-
-
-def row_of(seen: dict) -> dict:
-    c = seen["claims"]
-    return {"pass@1": seen["pass@1"], "false_per_episode": c["unsupported_per_episode"],
-            "contradicted_per_episode": c["contradicted_per_episode"],
-            "episodes_with_false": c["episodes_with_unsupported"], "claims_per_episode": c["per_episode"],
-            "turns": seen["turns"], "tool_calls": seen["tool_calls"], "tool_calls_per_turn": seen["tool_calls_per_turn"]}
 
 
 def closings(results: Path) -> dict:
@@ -73,16 +64,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path(__file__).parent)
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
-    runs: dict[str, dict] = {}
-    for path in sorted(a.runs.glob("*-s[0-9]/rl/metrics.jsonl")):
-        name = path.parents[1].name
-        if name.split("-")[0] not in ARMS:
-            continue
-        steps = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-        per = [{k: s.get(k) for k in ("step", *STEP_KEYS) if k in s} for s in steps]
-        mean = {k: round(statistics.mean(s[k] for s in per if s.get(k) is not None), 4)
-                for k in STEP_KEYS if any(s.get(k) is not None for s in per)}
-        runs[name] = {"steps": len(per), "train_mean_all_steps": mean, "per_step": per}
+    runs = read_runs(a.runs)
     (a.out / "runs3.json").write_text(json.dumps(runs, indent=1) + "\n")
 
     first = json.loads((a.out / "heldout.json").read_text())
