@@ -2,7 +2,7 @@
 
     python bench/evidence-rl/honest_teacher.py [--runs '/tmp/m56/*/rl'] [--exclude probe-w20-s0] \
         [--out /tmp/m56h/teacher] [--pass-share 0.6] [--per-task 0] \
-        [--min-prob 0] [--seed 0]
+        [--min-prob 0] [--honest-share 1] [--seed 0]
 
 The built-in model closes every episode with the expert's one template, "Fixed `X` in FILE: the <kind> is
 corrected and the tests pass.", whether the fix worked or not: an honest closing is outside what RL samples,
@@ -28,6 +28,11 @@ the recorded log-probs): the failures RL samples at T=1 mostly come from one unl
 old_string), and teaching those trajectories taught the miscopies (held-out pass 0.74 -> 0.46-0.50 in three
 tries without it); with it the failing episodes kept are the policy's own likely ones, and what SFT adds is
 the closing.
+
+--honest-share F (fourth measurement) gives the honest closing to only a share F of the failing episodes kept
+(chosen at random with --seed); the others keep the closing the policy wrote itself (its template, a false
+claim; those without an answer keep the honest one). SFT on such a set leaves a start that still claims
+falsely but can sample the honest closing, which is what the evidence term needs to act on. Default 1: all.
 """
 
 from __future__ import annotations
@@ -101,7 +106,7 @@ def min_prob(data) -> float:
 
 
 def build(runs: list[Path], seed: int, pass_share: float, per_task: int = 0,
-          floor: float = 0.0) -> tuple[list[dict], dict]:
+          floor: float = 0.0, honest_share: float = 1.0) -> tuple[list[dict], dict]:
     from agent.tools import default_registry
     from serve.chat_format import ChatFormat
     from train.teacher import TeacherError, render_samples, transcript_requests
@@ -140,6 +145,7 @@ def build(runs: list[Path], seed: int, pass_share: float, per_task: int = 0,
                     why["failed: no template fits the log"] += 1
                     continue
                 template, answer = made
+                own = final_answer(data)
                 if any(c.status != SUPPORTED for c in check_claims(answer, steps)):
                     why[f"failed: {template} closing has a false claim, dropped"] += 1
                     continue
@@ -158,6 +164,8 @@ def build(runs: list[Path], seed: int, pass_share: float, per_task: int = 0,
             item = {"messages": [*msgs, {"role": "assistant", "content": answer}], "tools": data.meta.get("tools"),
                     "meta": {"session": ep["session"], "task": ep["task"], "passed": ep["passed"],
                              "status": ep["status"], "template": template}}
+            if not ep["passed"] and own.strip():
+                item["own_answer"] = own
             (passing if ep["passed"] else failing).append(item)
     rng = random.Random(seed)
     if per_task:  # at most per_task failing episodes of a task and template: fewer failed edits to imitate
@@ -171,6 +179,12 @@ def build(runs: list[Path], seed: int, pass_share: float, per_task: int = 0,
                 kept.append(f)
         why["failed: over --per-task"] += len(failing) - len(kept)
         failing = kept
+    if honest_share < 1:  # the rest of the failing episodes keep the policy's own (false) closing
+        rng.shuffle(failing)
+        for f in failing[round(len(failing) * honest_share):]:
+            if f.get("own_answer"):
+                f["messages"][-1] = {"role": "assistant", "content": f["own_answer"]}
+                f["meta"]["template"] = "own_closing"
     rng.shuffle(passing)
     want = round(len(failing) * pass_share / (1 - pass_share))
     chosen = passing[:want] + failing
@@ -178,6 +192,7 @@ def build(runs: list[Path], seed: int, pass_share: float, per_task: int = 0,
     stats = {"runs": [str(r) for r in runs], "passing_available": len(passing), "passing_kept": min(want, len(passing)),
              "failing_kept": len(failing), "pass_share": round(min(want, len(passing)) / max(1, len(chosen)), 3),
              "templates": dict(Counter(c["meta"]["template"] for c in chosen)),
+             "honest_share": honest_share,
              "template_text": {"not_applied": NOT_APPLIED, "still_fail": STILL_FAIL, "untested": UNTESTED},
              "left_out": dict(why)}
     return chosen, stats
@@ -194,15 +209,19 @@ def main() -> None:
                     help="at most this many failing episodes of one task and template (0: all)")
     ap.add_argument("--min-prob", type=float, default=0.0,
                     help="leave out episodes with a token (before the closing) sampled at a probability below this")
+    ap.add_argument("--honest-share", type=float, default=1.0,
+                    help="share of the failing episodes given the honest closing; the rest keep their own (default 1)")
     a = ap.parse_args()
     if not 0 < a.pass_share < 1:
         ap.error("--pass-share must be between 0 and 1")
+    if not 0 <= a.honest_share <= 1:
+        ap.error("--honest-share must be between 0 and 1")
     skip = set(filter(None, a.exclude.split(",")))
     runs = [Path(p) for p in sorted(glob.glob(a.runs)) if Path(p).parent.name not in skip
             and (Path(p) / "episodes.jsonl").exists()]
     if not runs:
         raise SystemExit(f"no RL run folders with episodes.jsonl match {a.runs}")
-    chosen, stats = build(runs, a.seed, a.pass_share, a.per_task, a.min_prob)
+    chosen, stats = build(runs, a.seed, a.pass_share, a.per_task, a.min_prob, a.honest_share)
     a.out.mkdir(parents=True, exist_ok=True)
     with open(a.out / "transcripts.jsonl", "w") as f:
         for c in chosen:

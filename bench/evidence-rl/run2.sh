@@ -3,6 +3,7 @@
 # control without the term; 3 seeds, the two arms of a seed side by side (1 torch thread each).
 # Second measurement: RL from the built-in model (the defaults). Third: START=/tmp/m56h/sft-start OUT=/tmp/m56h
 # (run3.sh), the honest-closing SFT start made by honest_teacher.py + composer-train sft.
+# Fourth: START=/tmp/m56w/sft-w3 OUT=/tmp/m56w (run2_all.sh), a weaker start: honest_teacher.py --honest-share 0.2.
 cd "$(dirname "$0")/../.."
 START=${START:-serve/builtin/composer-tiny}
 OUT=${OUT:-/tmp/m56}

@@ -1,7 +1,7 @@
 """Tables and plots of the third evidence measurement (run3_all.sh): RL from the honest-closing SFT start,
 claim-token credit against a control.
 
-    python bench/evidence-rl/summarize3.py [--runs /tmp/m56h] [--out bench/evidence-rl]
+    python bench/evidence-rl/summarize3.py [--runs /tmp/m56h] [--out bench/evidence-rl] [--tag 3]
 
 Reads RUNS/{claims,control}-sS/rl/metrics.jsonl (every RL step), RUNS/heldout-start/heldout.json and
 RUNS/heldout-sS/heldout.json (greedy held-out scores), and the held-out episodes themselves (the folder
@@ -9,7 +9,8 @@ each RUNS/heldout-*.log names): how the failing episodes closed (no answer, a tr
 and the taught closings, "I did not fix ..." / "I changed ..." or a garbled "I ..." start). Writes
 OUT/runs3.json, OUT/heldout3.json, OUT/training3.png and OUT/heldout3.png and prints the markdown tables.
 The built-in row is the first measurement's (OUT/heldout.json, same 50 tasks, greedy float64); sft-start
-is the SFT checkpoint all arms start from.
+is the SFT checkpoint all arms start from. --tag N names the files (runsN.json, ...): the fourth measurement,
+from a weaker honest-closing start, is `--runs /tmp/m56w --tag 4`.
 """
 
 from __future__ import annotations
@@ -62,10 +63,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=Path, default=Path("/tmp/m56h"))
     ap.add_argument("--out", type=Path, default=Path(__file__).parent)
+    ap.add_argument("--tag", default="3", help="suffix of the files written (runsTAG.json, heldoutTAG.json, ...)")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     runs = read_runs(a.runs)
-    (a.out / "runs3.json").write_text(json.dumps(runs, indent=1) + "\n")
+    (a.out / f"runs{a.tag}.json").write_text(json.dumps(runs, indent=1) + "\n")
 
     first = json.loads((a.out / "heldout.json").read_text())
     table = {"built-in": row_of(first["results"]["start"]["seen"])}
@@ -85,7 +87,7 @@ def main() -> None:
     for name in table:
         if name in closing:
             table[name]["honest_closing_rate"] = closing[name]["honest_closing_rate"]
-    (a.out / "heldout3.json").write_text(json.dumps({"command": first["command"], "rows": table,
+    (a.out / f"heldout{a.tag}.json").write_text(json.dumps({"command": first["command"], "rows": table,
                                                      "failing_closings": closing}, indent=1) + "\n")
 
     cols = list(table["built-in"])
@@ -133,7 +135,7 @@ def main() -> None:
                 ax.set_xlabel("step")
         axes[0].legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(a.out / "training3.png", dpi=90)
+        fig.savefig(a.out / f"training{a.tag}.png", dpi=90)
 
     fig, axes = plt.subplots(1, 4, figsize=(18, 4))
     names = list(table)
@@ -144,7 +146,7 @@ def main() -> None:
         ax.set_title(f"held-out (50 seen-code bugfix tasks, greedy): {key}", fontsize=8)
         ax.tick_params(axis="x", rotation=45, labelsize=7)
     fig.tight_layout()
-    fig.savefig(a.out / "heldout3.png", dpi=90)
+    fig.savefig(a.out / f"heldout{a.tag}.png", dpi=90)
 
 
 if __name__ == "__main__":
