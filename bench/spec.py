@@ -9,13 +9,18 @@ Sets (recorded once by bench/spec_record.py into --sessions, replayed from there
   edit    the edit-heavy set: bugs injected into real standard-library modules, a scripted read_file of
           the real source around each bug, then the model's own turns (edits, test runs, answers);
   expert  the scripted expert's edit episodes, as contexts: the served model writes its own completions;
-  random  12 chat prompts of random lowercase words (~150 tokens): text that never repeats.
+  random  12 chat prompts of random lowercase words (~150 tokens): prompts that never repeat, though the
+          built-in model answers them with its usual tool calls, which earlier requests' outputs predict;
+  norepeat the same 12 prompts served by random weights of the built-in model's shape (load_format dummy):
+          text that never repeats, prompt and output (no 3-gram of an output occurs twice, greedy or T=1),
+          where speculation can only cost: what the drafter's look-ups and its probes cost is what it shows.
 Each request's prompt ids are rendered as the server renders them (ChatFormat.render_ids of the exact
 messages and tools sent), with max_tokens = min(256, the context room) and the chat format's stop tokens.
 
 For each set x temperature (0: greedy; 1.0: a fixed seed per request) x concurrency (1, 8), the methods
-off / ngram / suffix run back to back (a shared machine drifts 2x minute to minute: ratios are only
-read between neighbours), each on a fresh engine (float64, the built-in model's serving dtype) warmed
+off / ngram / suffix run back to back, in an order that turns each repeat (a shared machine drifts 2x
+minute to minute: ratios are only read between neighbours; and the first run of a trio measured a few
+percent slower whatever its method), each on a fresh engine (float64, the built-in model's serving dtype) warmed
 first on a few requests of another set, so the suffix drafter's cross-request cache holds other text and
 no measured output has been seen before. Each trio runs --repeat times; tokens/s are medians, and a
 speedup is the median of each repeat's ratio to the off run beside it. Decode tokens/s = generated
@@ -47,7 +52,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-SETS = ("agent", "stdlib", "edit", "expert", "random")
+SETS = ("agent", "stdlib", "edit", "expert", "random", "norepeat")
+RANDOM_WEIGHTS = ("norepeat",)  # sets served by random weights of the built-in model's shape
 EDIT_SETS = ("stdlib", "edit", "expert")
 METHODS = ("off", "ngram", "suffix")
 MAX_TOKENS = 256
@@ -69,7 +75,7 @@ class Request:
 # -- the requests ---------------------------------------------------------------------------------------
 
 def load_set(name: str, folder: Path, chat, max_model_len: int, limit: int | None) -> list[Request]:
-    if name == "random":
+    if name in ("random", "norepeat"):
         return random_prompts(chat, max_model_len, limit or 12)
     from agent.session import load
 
@@ -134,11 +140,13 @@ async def replay(engine, reqs: list[Request], temperature: float, concurrency: i
 
 
 def run_one(model_dir: str, method: str, reqs: list[Request], warm: list[Request], temperature: float,
-            concurrency: int, stops: list[int], adaptive: bool, spec_tokens: int, warm_tokens: int = WARM_TOKENS) -> dict:
+            concurrency: int, stops: list[int], adaptive: bool, spec_tokens: int, warm_tokens: int = WARM_TOKENS,
+            load_format: str = "auto") -> dict:
     from serve.engine.native import EngineConfig, NativeEngine
 
     engine = NativeEngine(model_dir, EngineConfig(dtype="float64", speculative=method, max_num_seqs=max(8, concurrency),
-                                                  num_speculative_tokens=spec_tokens, speculative_adaptive=adaptive))
+                                                  num_speculative_tokens=spec_tokens, speculative_adaptive=adaptive,
+                                                  load_format=load_format))
     try:
         # warm-up: other text into the drafter's cache, the step cost model fitted, first-call costs paid
         asyncio.run(replay(engine, warm, temperature, concurrency, stops, warm_tokens))
@@ -340,7 +348,7 @@ def main() -> int:
     from serve.model.config import ModelConfig
 
     spec_tokens = args.num_speculative_tokens or DEFAULT_TOKENS
-    missing = [s for s in SETS if s != "random" and not any((args.sessions / s).glob("*.jsonl"))]
+    missing = [s for s in SETS if s not in ("random", "norepeat") and not any((args.sessions / s).glob("*.jsonl"))]
     if missing:
         from bench.spec_record import record
 
@@ -379,9 +387,13 @@ def main() -> int:
         for temp in args.temperatures:
             for conc in args.concurrency:
                 reps: list[dict[str, dict]] = []
-                for _ in range(args.repeat):  # trios back to back: each ratio is read between neighbours
+                for i in range(args.repeat):  # trios back to back: each ratio is read between neighbours
+                    # the order turns each repeat: the first run of a trio measured a few percent slower
+                    # whatever its method (ngram 1.08x on text where it drafted nothing, off always first)
+                    order = METHODS[i % len(METHODS):] + METHODS[: i % len(METHODS)]
                     reps.append({m: run_one(model_dir, m, reqs, warm, temp, conc, chat.stop_token_ids, not args.fixed,
-                                            spec_tokens, args.warm_tokens) for m in METHODS})
+                                            spec_tokens, args.warm_tokens,
+                                            "dummy" if s in RANDOM_WEIGHTS else "auto") for m in order})
                 runs = {m: summarize([rep[m] for rep in reps]) for m in METHODS}
                 for m in METHODS:
                     runs[m]["kinds"] = by_kind(chat, reps[0][m], byid, kind_cache)
