@@ -37,9 +37,14 @@ def grouped_available(dtype: torch.dtype, device: torch.device) -> bool:
     elif device.type != "cpu":
         return False
     key = (str(device), dtype)
-    if key not in _CHECKED:
-        _CHECKED[key] = _agrees(dtype, device)
-    return _CHECKED[key]
+    if key in _CHECKED:
+        return _CHECKED[key]
+    ok = _agrees(dtype, device)
+    # under a dispatch mode (an op counter that raises at host syncs, a fake or meta mode) the check itself can
+    # fail or be faked: its answer then holds for this call only, never for the rest of the process
+    if not torch._C._len_torch_dispatch_stack():
+        _CHECKED[key] = ok
+    return ok
 
 
 _CHECKED: dict[tuple[str, torch.dtype], bool] = {}

@@ -140,3 +140,26 @@ def test_swiglu_kernel_equals_its_reference(dtype):
     assert ours[0][3].abs().max() == 0 and ours[1][3].abs().max() == 0  # weight 0: no gradient, h scaled to 0
     with pytest.raises(ValueError, match="do not fit"):
         swiglu_backward_triton(gu, ghu[:, :-1], w)
+
+
+
+def test_a_check_made_under_a_dispatch_mode_does_not_decide_for_the_process(monkeypatch):
+    """grouped_available checks torch._grouped_mm once per dtype and device and caches the answer. Made under a
+    dispatch mode in which the op cannot run (here one that refuses it, as a meta or fake mode may), the check
+    fails; that answer must not stand for every later caller in the process, which would run the loop."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from kernels import moe_grouped
+
+    class NoGroupedMM(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket is torch.ops.aten._grouped_mm:
+                raise RuntimeError("not in this mode")
+            return func(*args, **(kwargs or {}))
+
+    monkeypatch.setattr(moe_grouped, "_CHECKED", {})
+    with NoGroupedMM():
+        assert not moe_grouped.grouped_available(torch.float32, torch.device("cpu"))
+    assert moe_grouped._CHECKED == {}
+    assert moe_grouped.grouped_available(torch.float32, torch.device("cpu"))  # torch's CPU op runs float32
+    assert moe_grouped._CHECKED == {("cpu", torch.float32): True}
