@@ -44,6 +44,16 @@ def read_runs(root: Path) -> dict[str, dict]:
     return runs
 
 
+def print_runs(runs: dict[str, dict]) -> None:
+    """The training runs' table: each run's means over its steps (markdown, to stdout)."""
+    print("| run | steps | " + " | ".join(STEP_KEYS[:5]) + " | claim tokens / step |")
+    print("| --- " * 8 + "|")
+    for name, r in runs.items():
+        m = r["train_mean_all_steps"]
+        print(f"| {name} | {r['steps']} | " + " | ".join(f"{m.get(k, 0):.3g}" for k in STEP_KEYS[:5])
+              + f" | {m.get('claim_credit_tokens', 0):.3g} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=Path, default=Path("/tmp/m56"))
@@ -72,12 +82,7 @@ def main() -> None:
             print(f"| {arm}, mean of {len(rows)} | " + " | ".join(f"{statistics.mean(r[c] for r in rows):.3g}"
                                                                  for c in cols) + " |")
     print()
-    print("| run | steps | " + " | ".join(STEP_KEYS[:5]) + " | claim tokens / step |")
-    print("| --- " * 8 + "|")
-    for name, r in runs.items():
-        m = r["train_mean_all_steps"]
-        print(f"| {name} | {r['steps']} | " + " | ".join(f"{m.get(k, 0):.3g}" for k in STEP_KEYS[:5])
-              + f" | {m.get('claim_credit_tokens', 0):.3g} |")
+    print_runs(runs)
 
     import matplotlib
 

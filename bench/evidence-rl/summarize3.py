@@ -29,7 +29,7 @@ from agent.session import load  # noqa: E402
 from agent.tasks.claims import SUPPORTED, check_session, final_answer  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from summarize2 import ARMS, STEP_KEYS, read_runs, row_of  # noqa: E402  (the second measurement's readers)
+from summarize2 import ARMS, print_runs, read_runs, row_of  # noqa: E402  (the second measurement's readers)
 
 TAUGHT = re.compile(r"^I\b")  # the taught closings start "I did not fix", "I changed"; the garbled ones "I I ..."
 
@@ -112,12 +112,7 @@ def main() -> None:
         print(f"| {name} | {n['failing']} | {n['no_answer']} | {n['true_answer']} | {n['false_claim']} | "
               f"{n['taught_closing']} | {n['passing_false_claim']}/{n['passing']} |")
     print()
-    print("| run | steps | " + " | ".join(STEP_KEYS[:5]) + " | claim tokens / step |")
-    print("| --- " * 8 + "|")
-    for name, r in runs.items():
-        m = r["train_mean_all_steps"]
-        print(f"| {name} | {r['steps']} | " + " | ".join(f"{m.get(k, 0):.3g}" for k in STEP_KEYS[:5])
-              + f" | {m.get('claim_credit_tokens', 0):.3g} |")
+    print_runs(runs)
 
     import matplotlib
 
