@@ -153,7 +153,7 @@ def make_samples(vocab: int, seqs: int, length: int):
 
 def measure(shape: str = "qwen3-30b-a3b", layers: int = 4, seqs: int = 8, length: int = 2048,
             micro_batch_tokens: int = 4096, steps: int = 3, activation_checkpointing: bool = False,
-            vocab_chunk: int = 16384, log=print, option: str = "default", profile: bool = False, profile_top: int = 30) -> dict:
+            vocab_chunk: int = 16384, log=print, option: str = "default", profile: bool = False) -> dict:
     import torch
 
     from serve.model.config import ModelConfig
@@ -223,7 +223,7 @@ def measure(shape: str = "qwen3-30b-a3b", layers: int = 4, seqs: int = 8, length
         rows.append(row)
         log(f"step {i}: {dt:.3f} s, step's increase {peak.increase / 2**30:.3f} GiB, {row['tokens_per_s']} tokens/s, MFU {row['mfu']:.1%}, peak "
             f"{peak.peak / 2**30:.2f} GiB, phases {row['phases_s']}, expert quantizations {quants}")
-    top_ops = profile_step(trainer, samples, adv, device, log, top=profile_top) if profile else None
+    top_ops = profile_step(trainer, samples, adv, device, log) if profile else None
     steady = rows[1:] or rows
     med = statistics.median(r["s"] for r in steady)
     result = {"option": option, "trainer_options": OPTIONS[option],
