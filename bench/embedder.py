@@ -1,11 +1,17 @@
 """Our code embedder (issue 55): mine pairs, train, and compare with all-MiniLM-L6-v2.
 
-    python bench/embedder.py train [--work DIR] [--budget-min 45] [--epochs 2]
+    python bench/embedder.py train [--work DIR] [--per-lang 2000] [--budget-min 56] [--epochs 1]
+                                   [--evals-per-epoch 5] [--export DIR] [--curve NAME]
+        (the defaults are the shipped model's recipe: 9,405 pairs, one epoch, 293 steps of 32)
         the whole recipe in one command: exclusion list (every definition of the evaluation corpora),
         pairs mined from third-party code (index/embed_mine.py), the six-language set's development
-        halves as the curve, fine-tuning (index/embed_train.py, seeds and recipe in its Recipe), the
-        best epoch exported as float16 to index/models/code-minilm/, curve JSON + PNG under
-        bench/embedder-results/
+        halves as the curve, fine-tuning (index/embed_train.py, seeds and recipe in its Recipe; the
+        schedule ends where the budget does), the best point exported as float16 to --export
+        (default index/models/code-minilm/) with its weights' fingerprint, curve JSON + PNG under
+        bench/embedder-results/ (NAME.json/.png, default train-curve). The shipped model's fusion is
+        chosen afterwards: bench/search.py multi --model DIR, then
+        bench/search_fusion.py WORK/fusion-cases-SLUG.pkl --write DIR.
+    python bench/embedder.py mine               the pairs alone (what `train` does first when they are missing)
     python bench/embedder.py dev --model M      dense MRR@10 of a model on the development halves
     python bench/embedder.py speed --models A,B embeddings/s of models side by side, alternating
 
@@ -123,12 +129,10 @@ def balanced(pairs, per_lang: int, seed: int):
     return out
 
 
-def cmd_train(a) -> None:
-    import torch
+def mine_pairs(a) -> Path:
+    """The mined pairs' file under the work folder, mined first if it is missing."""
+    from index import embed_mine
 
-    from index import embed_mine, embed_train
-
-    torch.set_num_threads(2)
     a.work.mkdir(parents=True, exist_ok=True)
     pairs_file = a.work / "pairs.jsonl"
     if not pairs_file.exists():
@@ -139,20 +143,36 @@ def cmd_train(a) -> None:
         embed_mine.write(pairs, pairs_file)
         stats["_mined_s"] = time.monotonic() - t
         pairs_file.with_suffix(".stats.json").write_text(json.dumps(stats, indent=1))
+        print(f"{len(pairs)} pairs mined in {stats['_mined_s']:.0f} s -> {pairs_file}", file=sys.stderr)
+    return pairs_file
+
+
+def cmd_mine(a) -> None:
+    mine_pairs(a)
+
+
+def cmd_train(a) -> None:
+    import torch
+
+    from index import embed_mine, embed_train
+
+    torch.set_num_threads(2)
+    pairs_file = mine_pairs(a)
     mined = embed_mine.read(pairs_file)
     pairs = balanced(mined, a.per_lang, seed=55)
     counts = {lg: sum(p.lang == lg for p in pairs) for lg in sorted({p.lang for p in pairs})}
     print(f"{len(pairs)} of {len(mined)} mined pairs: {counts}", file=sys.stderr)
     recipe = embed_train.Recipe(epochs=a.epochs, budget_min=a.budget_min, batch=a.batch, lr=a.lr,
-                                max_seq=a.max_seq)
+                                max_seq=a.max_seq, evals_per_epoch=a.evals_per_epoch)
     dev = DevSet(a.work)
     model = _load("sentence-transformers/all-MiniLM-L6-v2")
     report = embed_train.train(model, pairs, recipe, a.work / "run", dev,
                                log=lambda s: print(s, file=sys.stderr, flush=True))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out_json = RESULTS / "train-curve.json"
-    out_json.write_text(json.dumps(report, indent=1))
-    embed_train.plot(out_json, RESULTS / "train-curve.png",
+    out_json = RESULTS / f"{a.curve}.json"
+    out_json.write_text(json.dumps({**report, "per_lang": a.per_lang, "mined": len(mined),
+                                    "pairs_by_lang": counts}, indent=1))
+    embed_train.plot(out_json, RESULTS / f"{a.curve}.png",
                      "code-minilm: six-language dev halves, dense list")
     best = a.work / "run" / "best"
     if not best.is_dir():
@@ -214,15 +234,18 @@ def cmd_speed(a) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("cmd", choices=("train", "dev", "speed"))
+    p.add_argument("cmd", choices=("mine", "train", "dev", "speed"))
     p.add_argument("--work", type=Path, default=DEFAULT_WORK)
-    p.add_argument("--budget-min", type=float, default=36.0, help="train: minutes of training steps")
+    p.add_argument("--budget-min", type=float, default=56.0, help="train: minutes of training steps")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=5e-5)
     p.add_argument("--max-seq", type=int, default=128)
     p.add_argument("--per-package", type=int, default=700)
-    p.add_argument("--per-lang", type=int, default=400, help="train: pairs of each language at most")
+    p.add_argument("--per-lang", type=int, default=2000, help="train: pairs of each language at most")
+    p.add_argument("--evals-per-epoch", type=int, default=5, help="train: dev points per epoch")
+    p.add_argument("--curve", default="train-curve",
+                   help="train: name of the curve's JSON and PNG under bench/embedder-results/")
     p.add_argument("--export", type=Path, help="train: where the float16 model goes (default: the package's)")
     p.add_argument("--model", help="dev: a model folder or name (default: the index's default)")
     p.add_argument("--half", choices=("dev", "test"), default="dev")
@@ -231,7 +254,7 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=600)
     p.add_argument("--json", type=Path)
     a = p.parse_args()
-    {"train": cmd_train, "dev": cmd_dev, "speed": cmd_speed}[a.cmd](a)
+    {"mine": cmd_mine, "train": cmd_train, "dev": cmd_dev, "speed": cmd_speed}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -92,9 +92,10 @@ def cmd_quality(args) -> None:
     corpus, queries = corpus_mod.build(work)
     print(f"corpus: {corpus} ({len(corpus_mod.stdlib_files(corpus))} files), {len(queries)} queries "
           f"(prepared in {time.monotonic() - t:.1f}s)")
-    ix = CodeIndex(corpus)
+    ix = CodeIndex(corpus, model=args.model)
     t = time.monotonic()
     report = ix.sync(progress=_progress)
+    print(f"embedder {ix.embedder.name}, fusion {_describe(ix.weights)}")
     print(f"index: {report.summary()} ({time.monotonic() - t:.1f}s)")
     if args.limit and len(queries) > args.limit:
         queries = random.Random(0).sample(queries, args.limit)
@@ -127,7 +128,7 @@ def cmd_quality(args) -> None:
                 for p in (0.5, 1, 2, 4, 6)],
     }
     tuned = {m: max(g, key=lambda w: evaluate(dev, w)["MRR@10"]) for m, g in grids.items()}
-    shipped = Weights()
+    shipped = ix.weights  # the model's own (Weights.for_model)
     results = {
         "dense only (all)": evaluate(everyone, "dense"),
         "BM25 only (all)": evaluate(everyone, "bm25"),
@@ -166,6 +167,7 @@ class CachedEmbedder:
     def __init__(self, emb, path: Path):
         self.emb, self.path = emb, path
         self.name, self.dim, self.max_tokens = emb.name, emb.dim, emb.max_tokens
+        self.fingerprint, self.fusion = getattr(emb, "fingerprint", ""), getattr(emb, "fusion", None)
         self.count_tokens = emb.count_tokens
         self.cache: dict[bytes, object] = {}
         self.misses = 0
@@ -205,6 +207,11 @@ class CachedEmbedder:
                  vecs=np.stack([self.cache[k] for k in keys]))
 
 
+def _slug(emb) -> str:
+    """Vector caches and indexes by model and weights: new weights under one name reuse no vectors."""
+    return Path(emb.name).name.replace("/", "_") + (f"-{emb.fingerprint[:8]}" if emb.fingerprint else "")
+
+
 def _overlaps(path: str, start: int, end: int, q) -> bool:
     return path == q.path and start <= q.end_line and end >= q.start_line
 
@@ -226,7 +233,7 @@ def cmd_multi(args) -> None:
     base = load_embedder(args.model)
     _ = base.model  # load the weights now, to time them
     load_s = time.monotonic() - t
-    slug = Path(base.name).name.replace("/", "_")
+    slug = _slug(base)
     if args.threads:
         import torch
 
@@ -234,6 +241,8 @@ def cmd_multi(args) -> None:
     print(f"embedder {base.name} ({base.dtype}, dim {base.dim}, max {base.max_tokens} tokens): load "
           f"{load_s:.1f}s, +{peak_rss_mib() - rss0:.0f} MiB peak RSS")
     emb = CachedEmbedder(base, args.work / "vector-cache" / f"{slug}.npz") if not args.no_cache else base
+    shipped = Weights.for_model(base)  # the fusion stored with the model, else the defaults
+    print(f"fusion: {_describe(shipped)}")
     modes = ["naive dense", "naive BM25", "naive RRF", "ours dense", "ours lexical", "ours doc",
              "ours fused"]
     table: dict[str, dict[str, dict[str, float]]] = {}
@@ -257,7 +266,7 @@ def cmd_multi(args) -> None:
         rows = ix.chunks(sorted({i for c in cands for r in c for i in r[0]}))
         n_dense, n_bm25 = se.naive_rankings(units, queries, emb)
         flags: dict[str, list[list[bool]]] = {m: [] for m in modes}
-        w = Weights()
+        w = shipped
         for qi, q in enumerate(queries):
             d, lx, dc = per_definition(list(cands[qi]), rows)
 
@@ -325,12 +334,13 @@ def cmd_multi(args) -> None:
     best = max(grid, key=lambda w: score(dev, w))
     print(f"fusion tuned on the dev half ({len(dev)} queries): dense {best.dense:g}, lexical "
           f"{best.lexical:g}, doc {best.doc:g}: test half {score(test, best):.1f} MRR@10 vs shipped "
-          f"{score(test, Weights()):.1f} ({len(test)} queries)")
+          f"{score(test, shipped):.1f} ({len(test)} queries)")
     print("  dev grid: " + ", ".join(f"{w.dense:g}/{w.lexical:g}/{w.doc:g}={score(dev, w):.1f}" for w in grid))
     import pickle
 
-    (args.work / "fusion-cases.pkl").write_bytes(pickle.dumps(cases))  # to study fusion without a rerun
-    search_fusion.study(cases)
+    # To study fusion without a rerun (bench/search_fusion.py CASES --model M).
+    (args.work / f"fusion-cases-{slug}.pkl").write_bytes(pickle.dumps(cases))
+    search_fusion.study(cases, shipped, search_fusion.SIX)  # chosen on the six languages' dev halves
     n_emb, secs = sum(n for n, _ in speeds), sum(s for _, s in speeds)
     speed = n_emb / secs if n_emb and secs else None
     if speed:
@@ -353,7 +363,7 @@ def cmd_ablate(args) -> None:
         import torch
 
         torch.set_num_threads(args.threads)
-    slug = Path(base.name).name.replace("/", "_")
+    slug = _slug(base)
     emb = CachedEmbedder(base, args.work / "vector-cache" / f"{slug}.npz")
     t = time.monotonic()
     try:
@@ -698,7 +708,7 @@ def main() -> None:
     p.add_argument("--repo", type=Path, help="repo: a git work tree with history; cold: an indexed repository")
     p.add_argument("--rev", default="HEAD", help="repo: the revision whose tree and history are used")
     p.add_argument("--max-commits", type=int, default=500)
-    p.add_argument("--model", help="multi: embedding model folder or name (default: the index's default)")
+    p.add_argument("--model", help="multi, quality: embedding model folder or name (default: the index's default)")
     p.add_argument("--langs", help="multi: comma-separated languages (default: all)")
     p.add_argument("--no-cache", action="store_true", help="multi: embed everything again")
     p.add_argument("--runs", type=int, default=10, help="cold: runs of each variant")

@@ -50,6 +50,25 @@ class Weights:
     k: float = 60.0  # RRF only
     power: float = 1.0  # "abs" only: the exponent of BM25's fraction of the query's ceiling
 
+    def __post_init__(self):
+        if self.method not in ("abs", "sum", "rrf"):
+            raise ValueError(f"fusion method {self.method!r}: expected abs, sum or rrf")
+        if min(self.dense, self.lexical, self.doc) < 0 or self.k <= 0 or self.power <= 0:
+            raise ValueError(f"bad fusion weights: {self}")
+
+    @classmethod
+    def for_model(cls, emb: Embedder) -> Weights:
+        """The fusion tuned for this embedder, stored with the model (embed.SETTINGS_FILE's `fusion`:
+        code-minilm's were tuned on the six languages' development halves), else the defaults above
+        (tuned for all-MiniLM-L6-v2)."""
+        fusion = getattr(emb, "fusion", None)
+        if not fusion:
+            return cls()
+        try:
+            return cls(**fusion)
+        except TypeError as e:
+            raise ValueError(f"the fusion stored with {emb.name} is not valid: {fusion} ({e})") from e
+
     def fuse(self, dense: Ranking, lexical: Ranking, doc: Ranking | None = None) -> list[tuple[int, float]]:
         lists = [(dense, self.dense), (lexical, self.lexical)]
         if doc is not None:
@@ -138,7 +157,7 @@ def index_dir_for(root: Path) -> Path:
 class CodeIndex:
     def __init__(self, root: str | Path, *, model: str | None = None, embedder: Embedder | None = None,
                  index_dir: Path | None = None, max_file_bytes: int = MAX_FILE_BYTES,
-                 weights: Weights = Weights()):
+                 weights: Weights | None = None):
         self.root = Path(os.path.realpath(root))
         if not self.root.is_dir():
             raise NotADirectoryError(f"not a folder: {root}")
@@ -146,7 +165,7 @@ class CodeIndex:
         self.model = model
         self._embedder = embedder
         self.max_file_bytes = max_file_bytes
-        self.weights = weights
+        self._weights = weights  # None: the embedder's own (Weights.for_model)
         self._lock = threading.RLock()
         self._con = store.connect(self.dir)
         self._snap: store.Snapshot | None = None
@@ -156,6 +175,13 @@ class CodeIndex:
         if self._embedder is None:
             self._embedder = load_embedder(self.model)
         return self._embedder
+
+    @property
+    def weights(self) -> Weights:
+        """How the rankings are fused: as given, else what the embedder's model stores, else the defaults."""
+        if self._weights is None:
+            self._weights = Weights.for_model(self.embedder)
+        return self._weights
 
     def close(self) -> None:
         self._con.close()
@@ -184,6 +210,8 @@ class CodeIndex:
             return "index format changed"
         if info.get("model") != emb.name or info.get("dim") != str(emb.dim):
             return f"embedding model changed from {info.get('model')} to {emb.name}"
+        if info.get("weights", "") != getattr(emb, "fingerprint", ""):
+            return f"the weights of {emb.name} changed"
         if snap is None:
             return "index files missing or damaged"
         return None
@@ -231,6 +259,8 @@ class CodeIndex:
             if snap.info.get("model") != emb.name:
                 raise ValueError(f"the index was built with {snap.info.get('model')}, not {emb.name}; "
                                  "sync (or rebuild) it first")
+            if snap.info.get("weights", "") != getattr(emb, "fingerprint", ""):
+                raise ValueError(f"the index was built with other weights of {emb.name}; sync (or rebuild) it first")
             allowed = None
             prefix = (path or "").strip().strip("/")
             if prefix and prefix != ".":

@@ -47,8 +47,40 @@ BATCH_SIZE = 32
 SINGLE_THREAD_TEXTS = 8
 
 
+# Composer's own settings stored with a model (ours): the fingerprint of its weights, which the index
+# records so that an index built with other weights under the same name is rebuilt, and the fusion
+# weights tuned for it (code_index.Weights.for_model). A model folder without the file has neither.
+SETTINGS_FILE = "composer.json"
+
+
 class EmbedderError(RuntimeError):
     """The embedding model could not be found or loaded."""
+
+
+def model_settings(folder: Path | None) -> dict:
+    """The model folder's SETTINGS_FILE ({} when there is none); a damaged one is an error."""
+    f = folder / SETTINGS_FILE if folder is not None else None
+    if f is None or not f.is_file():
+        return {}
+    try:
+        data = json.loads(f.read_text())
+    except (OSError, ValueError) as e:
+        raise EmbedderError(f"{f}: not readable as JSON ({e})") from e
+    if not isinstance(data, dict) or not isinstance(data.get("weights_sha256", ""), str) \
+            or not isinstance(data.get("fusion", {}), dict):
+        raise EmbedderError(f"{f}: expected an object with a string `weights_sha256` and an object `fusion`")
+    return data
+
+
+def weights_sha256(folder: Path) -> str:
+    """The SHA-256 of a model folder's weights file (what SETTINGS_FILE records at export)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(folder / "model.safetensors", "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def default_model_name() -> str:
@@ -87,6 +119,11 @@ class Embedder:
         self._light = None
         self._lock = threading.Lock()
         self._tokenizer = None
+        self.settings = model_settings(folder if folder is not None else Path(source) if Path(source).is_dir() else None)
+        # What the index records next to the name: weights swapped under the same name rebuild it.
+        self.fingerprint = self.settings.get("weights_sha256", "")[:16]
+        # Fusion weights tuned for this model (code_index.Weights.for_model), or None for the defaults.
+        self.fusion = self.settings.get("fusion") or None
         if model is not None:
             self._init_from_model(model)
             return

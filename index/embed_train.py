@@ -3,10 +3,13 @@
 Plain torch on CPU: each step encodes a batch of queries, their definitions and one hard negative per
 query, and minimises the in-batch contrastive loss (MultipleNegativesRankingLoss: query i must score
 its own definition above the batch's other definitions and every hard negative; cosine x SCALE,
-cross-entropy). AdamW with linear warm-up and decay. A wall-clock budget ends training early (the
-schedule is laid out for the planned steps, so an early stop leaves a higher learning rate: the
-report says so). The model scored best by `evaluate` (the development halves, never a test half) is
-what is saved, together with the curve.
+cross-entropy). AdamW with linear warm-up and decay. A wall-clock budget ends training early; the
+schedule's horizon follows it: every ten steps the measured step rate says how many steps the budget
+still allows, and the decay is laid out to end there (never past the planned steps), so a run the
+machine cannot finish still ends at a learning rate near zero instead of being cut at its peak.
+The development set is scored `evals_per_epoch` times per epoch's worth of the horizon. The model
+scored best by `evaluate` (the development halves, never a test half) is what is saved, together
+with the curve.
 
 Export: `export_fp16` writes the weights as float16 safetensors (half of float32's 90 MB), which
 `embed.py` reads back into float32 (NumPy for queries, torch for indexing).
@@ -45,6 +48,8 @@ class Recipe:
     evals_per_epoch: int = 2  # points on the development curve per epoch (besides epoch 0)
 
     def __post_init__(self):
+        if self.evals_per_epoch < 1:
+            raise ValueError(f"bad recipe: {self}")
         if self.epochs < 1 or self.batch < 2 or not 0 < self.lr < 1 or not 0 <= self.warmup < 1:
             raise ValueError(f"bad recipe: {self}")
         if not 16 <= self.max_seq <= 512 or self.threads < 1 or self.budget_min <= 0:
@@ -64,7 +69,8 @@ def train(model, pairs: Sequence, recipe: Recipe, out: Path,
           evaluate: Callable[[object], dict[str, float]], *, log=print) -> dict:
     """Train `model` (a SentenceTransformer) on `pairs` (objects with query/positive/negative).
     `evaluate(model)` returns {"MRR@10": ...} on the development set; it runs before training and
-    after every epoch. The best model goes to `out/best`; the curve to `out/curve.json`."""
+    `recipe.evals_per_epoch` times per epoch (the last at the end). The best model goes to `out/best`;
+    the curve to `out/curve.json`."""
     import torch
 
     torch.manual_seed(recipe.seed)
@@ -88,7 +94,8 @@ def train(model, pairs: Sequence, recipe: Recipe, out: Path,
     use_bf16 = recipe.bf16 and _bf16_is_native()
     log(f"{len(pairs)} pairs, {total} steps of {recipe.batch}, "
         f"{'bfloat16 autocast' if use_bf16 else 'float32'}, {recipe.threads} threads")
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_at(s, total, recipe.warmup))
+    horizon = [total]  # the step the schedule decays to zero at: `total`, or what the budget allows
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_at(s, horizon[0], recipe.warmup))
     curve = []
 
     def checkpoint(epoch: float, step: int, loss: float | None) -> None:
@@ -97,7 +104,8 @@ def train(model, pairs: Sequence, recipe: Recipe, out: Path,
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
             res = evaluate(model)  # in the dtype the index embeds with on this CPU
         model.max_seq_length = recipe.max_seq
-        curve.append({"epoch": epoch, "step": step, "loss": loss, **res, "eval_s": time.monotonic() - t})
+        curve.append({"epoch": epoch, "step": step, "loss": loss, "lr": recipe.lr * lr_at(step, horizon[0], recipe.warmup),
+                      **res, "eval_s": time.monotonic() - t})
         log(f"epoch {epoch:g} step {step}: dev " + ", ".join(f"{k} {v:.1f}" for k, v in res.items())
             + (f", train loss {loss:.3f}" if loss is not None else ""))
         best = max(c["MRR@10"] for c in curve)
@@ -107,17 +115,17 @@ def train(model, pairs: Sequence, recipe: Recipe, out: Path,
                                                     "curve": curve}, indent=1))
         model.train()
 
-    # Steps (within an epoch) after which the development set is scored; the last is the epoch's end.
-    marks = [round(steps_per_epoch * (i + 1) / recipe.evals_per_epoch) for i in range(recipe.evals_per_epoch)]
     out.mkdir(parents=True, exist_ok=True)
     checkpoint(0, 0, None)
     t0 = time.monotonic()
     spent = 0.0  # seconds of training steps, evaluations excluded
     step = 0
     stopped = False
+    evals = recipe.evals_per_epoch * recipe.epochs  # development points over the horizon, the last at its end
+    done_evals = 0
+    losses: list[float] = []
     for epoch in range(1, recipe.epochs + 1):
         rng.shuffle(order)
-        losses = []
         for b in range(steps_per_epoch):
             ts = time.monotonic()
             batch = [pairs[i] for i in order[b * recipe.batch:(b + 1) * recipe.batch]]
@@ -130,27 +138,34 @@ def train(model, pairs: Sequence, recipe: Recipe, out: Path,
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
-            sched.step()
             step += 1
             losses.append(float(loss.detach()))
             spent += time.monotonic() - ts
-            if step % 10 == 0 or step == total:
+            if step % 10 == 0:
+                was = horizon[0]
+                horizon[0] = budget_horizon(step, spent, recipe.budget_min * 60, total)
+                if horizon[0] != was:
+                    log(f"  the budget allows ~{horizon[0]} of {total} steps: the schedule now ends there")
+            sched.step()
+            if step % 10 == 0 or step == horizon[0]:
                 rate = step * recipe.batch / spent
-                left = min(total - step, (recipe.budget_min * 60 - spent) * step / spent)
-                log(f"  step {step}/{total} epoch {epoch} loss {sum(losses[-10:]) / len(losses[-10:]):.3f} "
-                    f"{rate:.1f} pairs/s, {spent / 60:.1f} min, ~{left * spent / step / 60:.0f} min left")
-            if spent > recipe.budget_min * 60:
-                stopped = True
+                left = (horizon[0] - step) * spent / step
+                log(f"  step {step}/{horizon[0]} epoch {epoch} loss {sum(losses[-10:]) / len(losses[-10:]):.3f} "
+                    f"lr {recipe.lr * lr_at(step, horizon[0], recipe.warmup):.2e} "
+                    f"{rate:.1f} pairs/s, {spent / 60:.1f} min, ~{left / 60:.0f} min left")
+            if step >= horizon[0] or spent > recipe.budget_min * 60:
+                stopped = step < total
                 break
-            if (b + 1) in marks[:-1]:
-                checkpoint(round(epoch - 1 + (b + 1) / steps_per_epoch, 3), step, sum(losses) / len(losses))
-        frac = (epoch - 1) + (b + 1) / steps_per_epoch
-        checkpoint(round(frac, 3), step, sum(losses) / len(losses))
-        if stopped:
-            log(f"wall-clock budget of {recipe.budget_min} min reached at step {step}/{total}")
+            if step >= horizon[0] * (done_evals + 1) / evals and done_evals + 1 < evals:
+                done_evals += 1
+                checkpoint(round(step / steps_per_epoch, 3), step, sum(losses[-50:]) / len(losses[-50:]))
+        if stopped or step >= horizon[0]:
             break
+    checkpoint(round(step / steps_per_epoch, 3), step, sum(losses[-50:]) / len(losses[-50:]))
+    if stopped:
+        log(f"wall-clock budget of {recipe.budget_min} min: stopped at step {step}/{total}")
     model.save(str(out / "last"))
-    report = {"recipe": asdict(recipe), "pairs": len(pairs), "steps": step, "planned_steps": total,
+    report = {"recipe": asdict(recipe), "pairs": len(pairs), "steps": step, "planned_steps": total, "horizon": horizon[0],
               "stopped_by_budget": stopped, "train_s": spent, "wall_s": time.monotonic() - t0, "curve": curve}
     (out / "curve.json").write_text(json.dumps(report, indent=1))
     return report
@@ -171,6 +186,8 @@ def export_fp16(src: Path, dst: Path, config_from: Path | None = None) -> None:
 
     from safetensors.numpy import load_file, save_file
 
+    from index.embed import SETTINGS_FILE, weights_sha256
+
     cfg = config_from or src
     dst.mkdir(parents=True, exist_ok=True)
     for name in ("config.json", "config_sentence_transformers.json", "modules.json",
@@ -186,6 +203,9 @@ def export_fp16(src: Path, dst: Path, config_from: Path | None = None) -> None:
     save_file({k: v.astype("float16") if v.dtype.kind == "f" else v for k, v in weights.items()},
               str(dst / "model.safetensors"), metadata={"format": "pt"})
     os.chmod(dst / "model.safetensors", 0o644)
+    # The weights' fingerprint, which indexes record (new weights rebuild them); no fusion yet: that
+    # is tuned for these weights afterwards (bench/search_fusion.py --write).
+    (dst / SETTINGS_FILE).write_text(json.dumps({"weights_sha256": weights_sha256(dst)}, indent=1) + "\n")
 
 
 def plot(curve_json: Path, png: Path, title: str) -> None:
@@ -208,6 +228,14 @@ def plot(curve_json: Path, png: Path, title: str) -> None:
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     print(f"written {png}", file=sys.stderr)
+
+
+def budget_horizon(step: int, spent_s: float, budget_s: float, total: int) -> int:
+    """The last step the budget allows at the rate measured so far (`step` steps in `spent_s`),
+    between the next step and `total`."""
+    if step <= 0 or spent_s <= 0:
+        return total
+    return max(step + 1, min(total, step + int((budget_s - spent_s) * step / spent_s)))
 
 
 def lr_at(step: int, total: int, warmup: float) -> float:

@@ -2,7 +2,8 @@
 
 Layout of `<workspace>/.composer/index/`:
   meta.sqlite          files (path, size, mtime, content hash, status), chunks (id, path, lines, symbol,
-                       text, hash of the embedded text) and info (model, dim, format, generation, next id)
+                       text, hash of the embedded text) and info (model, dim, weights, format, generation,
+                       next id)
   vectors-<gen>.faiss  IndexIDMap2 over IndexFlatIP; ids are chunk ids (one per definition, sync.py)
   lexical-<gen>.npz    BM25 term counts of the code (and signatures, names), rows are chunk ids
   doclex-<gen>.npz     BM25 term counts of the doc prose, a separate field, rows are chunk ids
@@ -30,6 +31,9 @@ from pathlib import Path
 # definitions; chunks and BM25 rows as in 3. 5: the definition's name as words before its code. 6: and
 # a line naming where it lives (the enclosing definitions, or the file's stem). 7: the same texts, the
 # default embedder now code-minilm (issue 55): vectors of 6 are MiniLM's and must not be mixed in.
+# Besides the format, info records the embedder's name, size and weights fingerprint ("weights",
+# embed.SETTINGS_FILE): any of them changing rebuilds the index (code_index._rebuild_reason), so
+# retrained weights shipped under the same model name need no format bump.
 FORMAT = "composer-index-7"
 DB_NAME = "meta.sqlite"
 

@@ -372,7 +372,7 @@ class Syncer:
         store.write_atomic(store.lexical_path(self.dir, gen), lexical.save)
         store.write_atomic(store.doclex_path(self.dir, gen), doclex.save)
         new_info = {"format": store.FORMAT, "model": self.emb.name, "dim": str(self.emb.dim),
-                    "next_id": str(next_id)}
+                    "weights": getattr(self.emb, "fingerprint", ""), "next_id": str(next_id)}
         if full_commit:
             new_info["built_at"] = str(time.time())
         store.commit(self.con, gen=gen, info=new_info, full=full_commit, removed_paths=modified + deleted,

@@ -106,6 +106,10 @@ def test_float16_export_embeds_like_the_original(tmp_path: Path):
     a = load_embedder(str(src)).encode(texts)
     b = load_embedder(str(tmp_path / "half")).encode(texts)
     assert np.all(np.sum(a * b, axis=1) > 0.999)
+    # The fingerprint indexes record; no fusion until one is tuned for these weights.
+    from index.embed import model_settings, weights_sha256
+
+    assert model_settings(tmp_path / "half") == {"weights_sha256": weights_sha256(tmp_path / "half")}
 
 
 @pytest.mark.skipif(not (CODE_MODEL_DIR / "model.safetensors").is_file(), reason="code-minilm not built")
@@ -147,3 +151,37 @@ def test_switching_model_rebuilds_the_index(tmp_path: Path):
     hits = ix.search("convert hue lightness saturation to red green blue", 8)
     assert {h.symbol for h in hits} >= {"hls_to_rgb"} and {h.path for h in hits} == {"colorsys.py"}
     ix.close()
+
+
+def test_the_schedule_ends_where_the_budget_does():
+    from index.embed_train import budget_horizon, lr_at
+
+    # 10 steps in 60 s, 600 s of budget: 90 more steps fit, of 300 planned.
+    assert budget_horizon(10, 60.0, 600.0, 300) == 100
+    assert budget_horizon(10, 60.0, 6000.0, 300) == 300  # never past the planned steps
+    assert budget_horizon(10, 700.0, 600.0, 300) == 11  # already over: the next step ends it
+    assert budget_horizon(0, 0.0, 600.0, 300) == 300
+    assert lr_at(99, 100, 0.1) == pytest.approx(1 / 90) and lr_at(100, 100, 0.1) == 0.0
+
+
+def test_a_short_training_run_scores_the_dev_set_on_schedule(tmp_path: Path):
+    """Real fine-tuning steps of MiniLM on a few pairs: the development set is scored before training
+    and evals_per_epoch times after, the learning rate reaches zero at the end, the best is saved."""
+    from sentence_transformers import SentenceTransformer
+
+    from index.embed import _bundled_model_dir
+    from index.embed_train import Recipe, train
+
+    pairs = [embed_mine.Pair("python", "p", "a.py", "sentence", f"return the {w} of a list",
+                             f"{w}\na\ndef {w}(xs):\n    return {w}(xs)", f"other\na\ndef other{i}(): pass")
+             for i, w in enumerate(["sum", "max", "min", "len", "sorted", "set", "list", "any"])]
+    model = SentenceTransformer(str(_bundled_model_dir(MINILM)), device="cpu")
+    scores = iter([50.0, 60.0, 55.0, 58.0])
+    report = train(model, pairs, Recipe(batch=2, max_seq=32, threads=1, evals_per_epoch=3, bf16=False),
+                   tmp_path, lambda m: {"MRR@10": next(scores)}, log=lambda s: None)
+    assert [c["step"] for c in report["curve"]] == [0, 2, 3, 4]
+    assert report["steps"] == report["planned_steps"] == 4 and not report["stopped_by_budget"]
+    assert report["curve"][-1]["lr"] == 0.0
+    assert (tmp_path / "best").is_dir() and (tmp_path / "last").is_dir()
+    with pytest.raises(ValueError, match="bad recipe"):
+        Recipe(evals_per_epoch=0)

@@ -69,3 +69,37 @@ def test_fusion_is_never_below_its_better_input_on_a_fixture():
     best_input = max(mrr([dense[0] for dense, _ in cases]), mrr([lexical[0] for _, lexical in cases]))
     assert mrr(fused) >= best_input
     assert mrr(fused) == 1.0  # here it is right every time, where each list alone is not
+
+
+def test_a_models_fusion_is_chosen_on_dev_halves_and_stored_with_it(tmp_path, capsys):
+    """bench/search_fusion.py: the choice uses only the selected languages' dev halves, is never below
+    its better input there when some configuration manages it, and `--write` stores it with the model
+    next to the weights' fingerprint."""
+    import json
+    import pickle
+
+    from bench.search_fusion import Case, as_weights, main, study
+    from index.code_index import Weights
+    from index.embed import SETTINGS_FILE
+
+    right = 7
+    dense_right = Case("python", True, ([7, 1, 2], [0.71, 0.55, 0.50]), ([1, 2, 7], [0.25, 0.20, 0.10]), {right})
+    lexical_right = Case("rust", True, ([1, 7, 2], [0.52, 0.50, 0.49]), ([7, 1], [0.95, 0.20]), {right})
+    # A test-half case and a set outside the choice, both where only BM25 is right: they must not sway it.
+    held_out = [Case("python", False, ([1, 2, 7], [0.9, 0.2, 0.1]), ([7], [0.3]), {right}),
+                Case("jdk", True, ([1, 2, 7], [0.9, 0.2, 0.1]), ([7], [0.3]), {right})]
+    cases = [dense_right, lexical_right, *held_out]
+    method, params = study(cases, Weights(), select=("python", "rust"))
+    w = as_weights(method, params)
+    for c in (dense_right, lexical_right):
+        assert [i for i, _ in w.fuse(c.dense, c.lexical)][0] == right
+    with pytest.raises(ValueError, match="minmax"):
+        as_weights("minmax", (0.5,))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / SETTINGS_FILE).write_text(json.dumps({"weights_sha256": "e" * 64}))
+    (tmp_path / "cases.pkl").write_bytes(pickle.dumps(cases))
+    main([str(tmp_path / "cases.pkl"), "--langs", "python,rust", "--write", str(model)])
+    stored = json.loads((model / SETTINGS_FILE).read_text())
+    assert stored["weights_sha256"] == "e" * 64 and Weights(**stored["fusion"]) == w
+    assert "chosen:" in capsys.readouterr().out
