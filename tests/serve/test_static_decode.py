@@ -58,9 +58,15 @@ def engines(tiny_hermes):
     SamplingParams(max_tokens=20, temperature=1.0, top_p=0.9, top_k=50, seed=7, logprobs=True, top_logprobs=3),
     SamplingParams(max_tokens=20, temperature=0.7, seed=11),
 ], ids=["greedy", "top-p-top-k-logprobs", "temperature"])
-def test_the_static_step_gives_the_eager_paths_tokens(engines, params):
+def test_the_static_step_gives_the_eager_paths_tokens(engines, params, monkeypatch):
     """Five sequences at once (padded to a batch of 8), joining while others decode: every decode-only step
-    takes the static path, the others the eager one; the tokens are those of an engine that never takes it."""
+    takes the static path, the others the eager one; the tokens are those of an engine that never takes it.
+
+    In a whole-suite run tests/kernels has turned the Triton interpreter on, so the greedy case runs the
+    static step's Triton kernels there (~35 s). The sampling cases check the sampler, which is torch either
+    way: they run the CPU path (the interpreter off for the test), ~0.3 s instead of ~35 s each."""
+    if params.temperature > 0:
+        monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     eager, static = engines
     before = static.runner.static.steps
     want, got = run_all(eager, make_prompts(), params), run_all(static, make_prompts(), params)
