@@ -119,7 +119,7 @@ class Embedder:
         self._light = None
         self._lock = threading.Lock()
         self._tokenizer = None
-        self.settings = model_settings(folder if folder is not None else Path(source) if Path(source).is_dir() else None)
+        self.settings = model_settings(folder or (Path(source) if Path(source).is_dir() else None))
         # What the index records next to the name: weights swapped under the same name rebuild it.
         self.fingerprint = self.settings.get("weights_sha256", "")[:16]
         # Fusion weights tuned for this model (code_index.Weights.for_model), or None for the defaults.

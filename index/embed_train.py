@@ -48,9 +48,7 @@ class Recipe:
     evals_per_epoch: int = 2  # points on the development curve per epoch (besides epoch 0)
 
     def __post_init__(self):
-        if self.evals_per_epoch < 1:
-            raise ValueError(f"bad recipe: {self}")
-        if self.epochs < 1 or self.batch < 2 or not 0 < self.lr < 1 or not 0 <= self.warmup < 1:
+        if self.epochs < 1 or self.evals_per_epoch < 1 or self.batch < 2 or not 0 < self.lr < 1 or not 0 <= self.warmup < 1:
             raise ValueError(f"bad recipe: {self}")
         if not 16 <= self.max_seq <= 512 or self.threads < 1 or self.budget_min <= 0:
             raise ValueError(f"bad recipe: {self}")
