@@ -114,6 +114,15 @@ def seed_of(rid: str) -> int:
     return zlib.crc32(rid.encode())  # the same per request for every method: seeded samples must agree
 
 
+def first_forward(accepted: list[int]) -> int:
+    """Tokens a request got from its first forward (its prefill): 1, plus the draft tokens that forward
+    verified and kept (the leading run of accepted tokens)."""
+    run = 0
+    while run < len(accepted) and accepted[run]:
+        run += 1
+    return min(run + 1, len(accepted))
+
+
 async def replay(engine, reqs: list[Request], temperature: float, concurrency: int, stops: list[int],
                  max_tokens: int | None = None) -> tuple[list[dict], float]:
     from serve.engine.base import SamplingParams
@@ -166,9 +175,13 @@ def run_one(model_dir: str, method: str, reqs: list[Request], warm: list[Request
     # the prefill is much of the wall time, and speculation only ever shortens what comes after it
     after_first = sum(r["tokens"] - 1 for r in results if r["tokens"] > 1)
     decode_s = sum(r["time_s"] - r["ttft_s"] for r in results if r["tokens"] > 1)
+    # the same without the tokens a prefill's forward gave (a draft it verified): decode steps' tokens alone
+    from_prefill = sum(first_forward(r["accepted"]) - 1 for r in results if r["tokens"] > 1)
     return {
         "method": method, "wall_s": round(wall, 4), "tokens": tokens, "tok_s": tokens / wall,
         "stream_decode_tok_s": after_first / max(decode_s, 1e-9),
+        "decode_steps_tok_s": (after_first - from_prefill) / max(decode_s, 1e-9), "prefill_kept": from_prefill,
+        "request_s": sum(r["time_s"] for r in results),
         "accepted": accepted, "forwards": tokens - accepted, "tok_per_forward": tokens / max(tokens - accepted, 1),
         "spec_drafted": after.spec_drafted - before.spec_drafted, "spec_accepted": after.spec_accepted - before.spec_accepted,
         "spec_verifies": after.spec_verifies - before.spec_verifies, "step_cost": cost, "requests": results,
@@ -245,6 +258,7 @@ def summarize(reps: list[dict]) -> dict:
     out["tok_s"] = statistics.median(r["tok_s"] for r in reps)
     out["tok_s_each"] = [round(r["tok_s"], 1) for r in reps]
     out["stream_decode_tok_s"] = statistics.median(r["stream_decode_tok_s"] for r in reps)
+    out["decode_steps_tok_s"] = statistics.median(r["decode_steps_tok_s"] for r in reps)
     out["wall_s_each"] = [r["wall_s"] for r in reps]
     return out
 
@@ -404,6 +418,12 @@ def main() -> int:
                         "stream_speedup": {m: statistics.median(rep[m]["stream_decode_tok_s"]
                                                                 / rep["off"]["stream_decode_tok_s"] for rep in reps)
                                            for m in METHODS},
+                        # decode steps' own tokens only (the prefill's kept draft left out), and requests' latency
+                        "decode_steps_speedup": {m: statistics.median(rep[m]["decode_steps_tok_s"]
+                                                                      / rep["off"]["decode_steps_tok_s"] for rep in reps)
+                                                 for m in METHODS},
+                        "latency_speedup": {m: statistics.median(rep["off"]["request_s"] / rep[m]["request_s"]
+                                                                 for rep in reps) for m in METHODS},
                         "checks": {m: merge_checks([compare(rep["off"], rep[m]) for rep in reps])
                                    for m in ("ngram", "suffix")},
                         "requests": {m: reps[0][m]["requests"] for m in METHODS}}
@@ -418,7 +438,9 @@ def main() -> int:
                       f"({cell['speedup']['ngram']:.2f}x, {r['ngram']['tok_per_forward']:.2f} tok/fwd), suffix "
                       f"{r['suffix']['tok_s']:.0f} ({cell['speedup']['suffix']:.2f}x, "
                       f"{r['suffix']['tok_per_forward']:.2f} tok/fwd); stream decode {cell['stream_speedup']['ngram']:.2f}x / "
-                      f"{cell['stream_speedup']['suffix']:.2f}x; {r['off']['tokens']} tokens "
+                      f"{cell['stream_speedup']['suffix']:.2f}x (decode steps alone {cell['decode_steps_speedup']['suffix']:.2f}x"
+                      f", {r['suffix']['prefill_kept']} tokens from prefills; latency "
+                      f"{cell['latency_speedup']['suffix']:.2f}x); {r['off']['tokens']} tokens "
                       f"[{time.perf_counter() - t_start:.0f} s]", flush=True)
 
     print(f"\nbuilt-in model (CPU, float64), {'every proposal verified (--fixed)' if args.fixed else 'adaptive'}, "

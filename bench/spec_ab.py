@@ -2,6 +2,7 @@
 then the other (the order alternating), decode-only tokens/s summed over the set.
 
     python bench/spec_ab.py [--set norepeat] [--method suffix] [--temperature 0] [--limit N] [--json OUT]
+                            [--no-prefill | --against no-prefill]
 
 bench/spec.py runs whole sets one method after another (~10 s a run at batch 1), so a machine that drifts
 by a few percent over a minute moves its ratios by as much: on the `norepeat` set, where nothing can be
@@ -9,6 +10,12 @@ accepted, its batch-1 cells read 0.89x-1.13x from run to run. Here the two engin
 to back, so drift cancels request by request. Each engine serves each request once (a second time, the
 suffix drafter's cache would hold its output) after the same warm-up as bench/spec.py (4 requests of
 another set, 48 tokens each). Greedy outputs are checked identical (exit 1 otherwise). Batch 1 only.
+
+Three figures: decode-only tokens/s (every token after a request's first, over the time after it); the
+same for the decode steps alone (the tokens a prefill's forward kept from a draft left out: a prefill
+that verifies a draft hands over several tokens at once, and those are not the decode steps' work);
+and how much shorter the requests' whole time is. `--against no-prefill` compares the method with
+itself without prefill drafts (`--no-prefill`: the method without them, against off).
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.spec import RANDOM_WEIGHTS, SETS, WARM_REQUESTS, WARM_TOKENS, load_set, replay  # noqa: E402
+from bench.spec import RANDOM_WEIGHTS, SETS, WARM_REQUESTS, WARM_TOKENS, first_forward, load_set, replay  # noqa: E402
 
 
 def main() -> int:
@@ -34,6 +41,9 @@ def main() -> int:
     p.add_argument("--limit", type=int, help="requests at most")
     p.add_argument("--sessions", type=Path, default=ROOT / "bench" / "spec-results" / "sessions")
     p.add_argument("--json", type=Path, help="write the figures here")
+    p.add_argument("--no-prefill", action="store_true", help="speculate in decode steps only (no draft in prefills)")
+    p.add_argument("--against", choices=("off", "no-prefill"), default="off",
+                   help="the engine compared with: no speculation, or the same method without prefill drafts")
     args = p.parse_args()
     os.environ["OMP_NUM_THREADS"] = "1"  # as bench/spec.py: one torch thread, before torch starts its pool
     import torch
@@ -51,12 +61,19 @@ def main() -> int:
     other = SETS[(SETS.index(args.set) + 1) % len(SETS)]
     warm = load_set(other, args.sessions, chat, max_len, WARM_REQUESTS)
     fmt = "dummy" if args.set in RANDOM_WEIGHTS else "auto"
-    methods = ("off", args.method)
-    engines = {m: NativeEngine(model_dir, EngineConfig(dtype="float64", speculative=m, max_num_seqs=8, load_format=fmt))
-               for m in methods}
+    base = "off" if args.against == "off" else f"{args.method}-no-prefill"
+    methods = (base, args.method)
+
+    def config(m: str) -> EngineConfig:
+        return EngineConfig(dtype="float64", speculative=m.split("-")[0], max_num_seqs=8, load_format=fmt,
+                            speculative_prefill=not (args.no_prefill or m.endswith("no-prefill")))
+
+    engines = {m: NativeEngine(model_dir, config(m)) for m in methods}
     stops = chat.stop_token_ids
     decode_s = dict.fromkeys(methods, 0.0)
     tokens = dict.fromkeys(methods, 0)
+    from_prefill = dict.fromkeys(methods, 0)  # tokens a prefill's forward kept from a draft
+    request_s = dict.fromkeys(methods, 0.0)
     ids: dict[str, dict[str, list[int]]] = {m: {} for m in methods}
     try:
         for e in engines.values():
@@ -65,22 +82,32 @@ def main() -> int:
             for m in methods if i % 2 == 0 else methods[::-1]:
                 (out,), _ = asyncio.run(replay(engines[m], [r], args.temperature, 1, stops))
                 ids[m][r.id] = out["ids"]
+                request_s[m] += out["time_s"]
                 if out["tokens"] > 1:
                     decode_s[m] += out["time_s"] - out["ttft_s"]
                     tokens[m] += out["tokens"] - 1
+                    from_prefill[m] += first_forward(out["accepted"]) - 1
             print(f"\r{i + 1}/{len(reqs)} requests", end="", file=sys.stderr, flush=True)
         print(file=sys.stderr)
     finally:
         for e in engines.values():
             asyncio.run(e.stop())
+    m0, m1 = methods
     rate = {m: tokens[m] / max(decode_s[m], 1e-9) for m in methods}
-    differ = [k for k in ids["off"] if ids["off"][k] != ids[args.method][k]]
+    steps_rate = {m: (tokens[m] - from_prefill[m]) / max(decode_s[m], 1e-9) for m in methods}
+    differ = [k for k in ids[m0] if ids[m0][k] != ids[m1][k]]
     result = {"command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]), "set": args.set,
-              "method": args.method, "temperature": args.temperature, "requests": len(reqs),
-              "decode_tok_s": rate, "tokens": tokens, "ratio": rate[args.method] / rate["off"],
+              "method": args.method, "against": m0, "prefill_drafts": not args.no_prefill,
+              "temperature": args.temperature, "requests": len(reqs),
+              "decode_tok_s": rate, "tokens": tokens, "ratio": rate[m1] / rate[m0],
+              # without the tokens prefills kept from drafts: what the decode steps alone made per second
+              "decode_steps_tok_s": steps_rate, "from_prefill": from_prefill,
+              "decode_steps_ratio": steps_rate[m1] / steps_rate[m0],
+              "request_s": request_s, "latency_ratio": request_s[m0] / max(request_s[m1], 1e-9),
               "load_avg": os.getloadavg(), "greedy_differ": differ if args.temperature == 0 else None}
-    print(f"{args.set}, T={args.temperature:g}, batch 1, {len(reqs)} requests: decode tok/s off {rate['off']:.1f}, "
-          f"{args.method} {rate[args.method]:.1f}: {result['ratio']:.3f}x")
+    print(f"{args.set}, T={args.temperature:g}, batch 1, {len(reqs)} requests: decode tok/s {m0} {rate[m0]:.1f}, "
+          f"{m1} {rate[m1]:.1f}: {result['ratio']:.3f}x; decode steps alone {result['decode_steps_ratio']:.3f}x "
+          f"({from_prefill[m1]} tokens from prefills); requests' time {result['latency_ratio']:.3f}x shorter")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1))

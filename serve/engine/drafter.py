@@ -77,6 +77,8 @@ class SpecConfig:
     adaptive: bool = True
     """Draft only where verifying is expected to pay (the step cost model); False: verify every proposal
     up to num_tokens (for measuring acceptance, and tests that must see drafts whatever the timings)."""
+    prefill: bool = True
+    """Draft a prompt's first tokens too, verified in its prefill's forward."""
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import itertools
 import logging
 import os
 import queue
@@ -126,10 +127,12 @@ class EngineConfig:
     own)."""
     speculative_adaptive: bool = True
     """Draft only where verifying is expected to pay; False: every proposal, up to num_speculative_tokens."""
+    speculative_prefill: bool = True
+    """Draft a prompt's first tokens too, verified in the prefill's forward (False: decode steps only)."""
 
     def __post_init__(self) -> None:
         self.spec = SpecConfig(self.speculative, self.num_speculative_tokens, self.speculative_cache_tokens,
-                               self.speculative_adaptive)
+                               self.speculative_adaptive, self.speculative_prefill)
         if self.quant not in ("auto", "none", "mxfp8"):
             raise ValueError(f"quant must be auto, none or mxfp8, not {self.quant!r}")
         if self.quant_dense not in ("none", "fp8"):
@@ -376,16 +379,21 @@ class NativeEngine(Engine):
             return
         if self.spec is not None:
             try:
-                self.spec.plan(self.scheduler.running)
+                self.spec.plan(self.scheduler.running, self._admissible())
             except Exception:  # noqa: BLE001 - drafting is an optimisation: never a reason to fail requests
                 log.exception("drafting failed: this step verifies no draft")
-                for seq in self.scheduler.running:
+                for seq in [*self.scheduler.running, *self.scheduler.waiting]:
                     seq.draft = []
         batch = self.scheduler.schedule()
         for seq, e in self.scheduler.take_failed():
             self._fail([seq], e)
         if batch:
             self._step(batch)
+
+    def _admissible(self) -> list[Sequence]:
+        """The waiting sequences the scheduler could admit this step (their prefills may verify drafts)."""
+        room = self.scheduler.max_num_seqs - len(self.scheduler.running)
+        return list(itertools.islice(self.scheduler.waiting, max(room, 0)))
 
     def _close(self) -> None:
         """The thread is ending: refuse new work, and answer everything still waiting so no caller hangs."""
@@ -561,7 +569,8 @@ class NativeEngine(Engine):
 
     def _step(self, batch: list[tuple[Sequence, int]]) -> None:
         verifying = any(seq.draft for seq, _ in batch)
-        decoding = all(seq.num_computed > 0 and seq.num_computed + 1 == len(seq) for seq, _ in batch)
+        decodes = [seq.num_computed > 0 and seq.num_computed + 1 == len(seq) for seq, _ in batch]
+        decoding, prefilling = all(decodes), not any(decodes)
         start = time.perf_counter()
         try:
             if self.runner.can_decode(batch):
@@ -579,10 +588,14 @@ class NativeEngine(Engine):
                 n, seq.draft = n - len(seq.draft), []
                 self._step([(seq, n)])
             return
+        if self.spec is not None and prefilling:  # what a draft row in a prefill costs
+            self.spec.cost.observe_prefill(sum(n for _, n in batch), time.perf_counter() - start)
         for seq, n in batch:
             if not seq.draft:
                 seq.num_computed += n
                 self.blocks.register(seq)
+            else:  # a prefill that verifies a draft: its tokens before the last are computed; the last and
+                seq.num_computed += n - len(seq.draft) - 1  # the draft's count as their picks are kept
         if not sampled:
             return
         if verifying:

@@ -7,8 +7,10 @@ for it to drain, and a long prompt is prefilled in chunks between other sequence
 decode runs out of KV blocks, the most recently admitted sequence is preempted: its blocks are freed
 and it is recomputed later (its tokens, generated ones included, are kept). A sequence whose admission
 raises is set aside in `failed` for the engine to fail, so one bad request does not stop the step.
-A decoding sequence with a draft (serve/engine/speculation.py) computes its draft tokens too: they are
-trimmed to the budget, and dropped before anyone is preempted for their blocks.
+A sequence with a draft (serve/engine/speculation.py) computes its draft tokens too, after its last
+token: a decoding one, and one whose prefill ends this step (its first token and the draft verified in
+the prefill's forward). Drafts are trimmed to the budget (a prefill the budget cuts short drafts
+nothing) and dropped before anyone is preempted for their blocks.
 """
 
 from __future__ import annotations
@@ -70,8 +72,7 @@ class Scheduler:
                 break
             if seq not in self.running:  # preempted below
                 continue
-            if seq.draft:  # a verifying decode: its draft tokens too, as far as the budget goes
-                del seq.draft[max(budget - 1, 0):]
+            _trim_draft(seq, budget)
             n = min(len(seq) - seq.num_computed + len(seq.draft), budget)
             if seq.draft and not self.blocks.ensure(seq, seq.num_computed + n):
                 seq.draft = []  # memory is short: decode without the draft before preempting anyone
@@ -97,7 +98,10 @@ class Scheduler:
             self.waiting.popleft()
             seq.status = Status.RUNNING
             self.running.append(seq)
-            n = min(len(seq) - seq.num_computed, budget)
+            _trim_draft(seq, budget)  # after the prefix cache said how much of the prompt is computed
+            if seq.draft and not self.blocks.ensure(seq, len(seq) + len(seq.draft)):
+                seq.draft = []
+            n = min(len(seq) - seq.num_computed + len(seq.draft), budget)
             batch.append((seq, n))
             budget -= n
         return batch
@@ -110,3 +114,9 @@ class Scheduler:
         seq.draft = []
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
+
+
+def _trim_draft(seq: Sequence, budget: int) -> None:
+    """Keep the draft tokens that fit the step's budget after the sequence's own uncomputed tokens."""
+    if seq.draft:
+        del seq.draft[max(budget - (len(seq) - seq.num_computed), 0):]

@@ -21,11 +21,20 @@ from linear in rows, the first extra rows hitting new experts); tokens are taken
 the count kept is the one whose step gives the most expected tokens per second. Large batches (where a
 step's rows cost their share) and text that never repeats (no proposal, or acceptance too low to pay)
 verify nothing: the step is a plain decode step.
+
+A prompt's first tokens are drafted too: a sequence whose prefill ends this step carries a draft after
+its prompt (what followed the same prompt tail in recent outputs, or in its own earlier turns), and the
+prefill's forward verifies it, causal like the rest of the chunk, so a formulaic opening (`<tool_call>`,
+a function name) comes out of the prefill instead of one decode step a token. A draft row in a prefill
+costs about a prompt token's share of it (`StepCost.prefill_row`, learned from the engine's prefills)
+against a decode step's share saved per kept token, so these drafts are long whenever the proposal is
+at all likely.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 
 import torch
 
@@ -72,6 +81,7 @@ class StepCost:
     last seen slope, and while none is seen at PRIOR_SLOPE of a plain step a row."""
 
     PRIOR_SLOPE = 1 / 32
+    PREFILL_ROW_PRIOR = 1 / 64
     ALPHA = 0.1  # weight of a new observation once a cell is seen
     SEEN = 3
 
@@ -79,6 +89,7 @@ class StepCost:
         self.base: dict[int, list[float]] = {}  # batch bucket -> [seconds, observations]
         self.ratio: dict[tuple[int, int], list[float]] = {}  # (batch bucket, draft bucket) -> [ratio, observations]
         self.seqs = 1  # sequences in the step being planned (set by the planner before the step)
+        self.prefill: list[float] | None = None  # [seconds per row of a prefill step, observations]
 
     @staticmethod
     def _update(cell: list[float], value: float, alpha: float) -> None:
@@ -102,6 +113,19 @@ class StepCost:
         if plain is None or plain[1] < 1:  # no plain step of this batch yet: nothing to relate it to
             return
         self._update(self.ratio.setdefault((nb, _bucket(extra)), [seconds / plain[0], 0]), seconds / plain[0], self.ALPHA)
+
+    def observe_prefill(self, rows: int, seconds: float) -> None:
+        """A step of prefill chunks alone (`rows` tokens, draft rows included) took `seconds`."""
+        if rows > 0 and seconds > 0:
+            if self.prefill is None:
+                self.prefill = [seconds / rows, 0]
+            self._update(self.prefill, seconds / rows, self.ALPHA)
+
+    def prefill_row(self) -> float:
+        """Seconds of one more row in a prefill step (PREFILL_ROW_PRIOR of a plain step until both are seen)."""
+        if self.prefill is None or not self.base:
+            return self.plain(1) * self.PREFILL_ROW_PRIOR
+        return self.prefill[0]
 
     def plain(self, n: int) -> float:
         """Seconds of a plain decode step of n sequences (1.0 while none was seen: plans only use ratios)."""
@@ -164,22 +188,33 @@ class Speculator:
 
     # -- drafting --------------------------------------------------------------------------------------
 
-    def plan(self, seqs: list[Sequence]) -> None:
+    def plan(self, seqs: list[Sequence], waiting: Iterable[Sequence] = ()) -> None:
         """Set `draft` on the running sequences that are about to decode (their last token not yet
-        computed), or leave it empty, so that the step's expected tokens per second are highest."""
+        computed), or leave it empty, so that the step's expected tokens per second are highest; and on
+        those whose prefill may end this step (running ones still prefilling, then `waiting`, the
+        sequences the scheduler may admit), a draft for the prefill to verify."""
         start = time.perf_counter()
         try:
-            self._plan(seqs)
+            self._plan(seqs, waiting)
         finally:
             self.plan_s = time.perf_counter() - start
 
-    def _plan(self, seqs: list[Sequence]) -> None:
-        decoding = []
+    def _plan(self, seqs: list[Sequence], waiting: Iterable[Sequence]) -> None:
+        decoding, prefilling = [], []
         for seq in seqs:
             seq.draft = []
-            if seq.num_computed == 0 or seq.num_computed + 1 != len(seq) or seq.cancelled.is_set():
+            if seq.cancelled.is_set():
                 continue
-            decoding.append(seq)
+            if seq.num_computed > 0 and seq.num_computed + 1 == len(seq):
+                decoding.append(seq)
+            elif seq.num_computed < len(seq):
+                prefilling.append(seq)
+        for seq in waiting:
+            seq.draft = []
+            if not seq.cancelled.is_set():
+                prefilling.append(seq)
+        if prefilling and self.config.prefill:
+            self._plan_prefills(prefilling, len(decoding))
         if not decoding:
             return
         n, k_max = len(decoding), self.config.num_tokens
@@ -237,6 +272,33 @@ class Speculator:
                 best, best_value = len(chosen), value
         for seq in chosen[:best]:
             seq.draft = drafts[seq.id][: len(seq.draft) + 1]
+
+    def _plan_prefills(self, seqs: list[Sequence], decoding: int) -> None:
+        """Drafts for prefills: a kept token saves its sequence a decode step's row (a plain step's share
+        among the sequences that will decode), a draft row costs a prefill row; tokens are kept in order
+        while their chance of being kept times the first exceeds the second."""
+        m = decoding + len(seqs)
+        saved = self.cost.plain(m) / m
+        row = self.cost.prefill_row()
+        for seq in seqs:
+            k = min(self.config.num_tokens, seq.params.max_tokens - seq.num_generated - 1,
+                    self.max_model_len - len(seq))
+            if k <= 0:
+                continue
+            prop = self._propose(seq, k)
+            tokens = prop.tokens
+            if seq.matcher is not None and tokens:
+                tokens = tokens[: seq.matcher.validate_tokens(tokens)]
+            if self.config.adaptive:
+                g, q, keep = 1.0, seq.spec.accept_rate, 0
+                for c in prop.confidence[: len(tokens)]:
+                    g *= min(1.0, q * c)
+                    if g * saved <= row:
+                        break
+                    keep += 1
+                tokens = tokens[:keep]
+            seq.spec.confidence = prop.confidence[: len(tokens)]
+            seq.draft = list(tokens)
 
     def _propose(self, seq: Sequence, k: int) -> Proposal:
         if seq.spec is None:

@@ -85,6 +85,41 @@ def test_accepted_drafts_are_reported_on_the_tokens(engines):
     assert stats.spec_drafted >= drafted and stats.spec_accepted >= accepted and stats.spec_verifies > 0
 
 
+def test_a_prompts_opening_is_drafted_and_verified_in_its_prefill(engines):
+    """A prompt asked again: the cache of recent outputs knows what followed its tail, so the prefill's
+    forward verifies that as a draft after the prompt and the first token event already carries a tested
+    and kept draft: several tokens from one forward, the tokens of an engine that never speculates."""
+    tok = Tokenizer.from_file(str(BUILTIN_DIR / "tokenizer.json"))
+    p = tok.encode(SOURCE[9000:9400]).ids[:40]  # text no other test's prompt holds
+    params = SamplingParams(max_tokens=30, temperature=0.0, logprobs=True)
+    want = run_all(engines["off"], [p], params)[0]
+    first = run_all(engines["suffix"], [p], params)[0]
+    again = run_all(engines["suffix"], [p], params)[0]
+    for got in (first, again):
+        assert [t.id for t in got] == [t.id for t in want]
+        assert [t.logprob for t in got] == pytest.approx([t.logprob for t in want], abs=1e-9)
+    assert again[0].drafted > 0 and again[0].accepted, "the prefill verified no draft, or kept none of it"
+
+
+def test_a_chunked_prefill_drafts_only_in_its_last_chunk():
+    """A prompt longer than a step's token budget is prefilled in chunks; its draft rides with the last
+    one (trimmed to the budget): same tokens as without speculation, greedy and seeded."""
+    cfg = dict(dtype="float64", max_num_seqs=4, max_batched_tokens=64, block_size=16)
+    plain = NativeEngine(str(BUILTIN_DIR), EngineConfig(**cfg))
+    spec = NativeEngine(str(BUILTIN_DIR), EngineConfig(speculative="suffix", num_speculative_tokens=6,
+                                                       speculative_adaptive=False, **cfg))
+    try:
+        ps = [prompts()[2], prompts()[2][:125], prompts()[0][:60]]  # 150, 125 (the last chunk 61 + 3 fit) and 60
+        for params in (SamplingParams(max_tokens=20, temperature=0.0, logprobs=True),
+                       SamplingParams(max_tokens=20, temperature=1.0, seed=9)):
+            want, got = run_all(plain, ps, params), run_all(spec, ps, params)
+            assert [[t.id for t in s] for s in got] == [[t.id for t in s] for s in want]
+        assert spec.spec.drafted > 0 and spec.spec.accepted > 0
+    finally:
+        asyncio.run(plain.stop())
+        asyncio.run(spec.stop())
+
+
 def test_rejected_draft_tokens_never_reach_the_prefix_cache():
     """Every block the prefix cache holds is a block of tokens a sequence really had (a fresh engine, so
     nothing else was ever cached)."""
