@@ -25,7 +25,10 @@ first on a few requests of another set, so the suffix drafter's cross-request ca
 no measured output has been seen before. Each trio runs --repeat times; tokens/s are medians, and a
 speedup is the median of each repeat's ratio to the off run beside it. Decode tokens/s = generated
 tokens / wall seconds of the run (prefills included); stream decode tokens/s = tokens after each first
-token / seconds after it, summed over requests (decoding alone: speculation shortens nothing else). A forward of a sequence yields exactly one token that is not an accepted draft, so tokens per forward =
+token / seconds after it, summed over requests (decoding alone); decode steps' tokens/s = the same
+without the tokens a prefill's forward kept from a draft (the engine drafts a prompt's opening too and
+verifies it in the prefill: those tokens arrive with the first, and are not the decode steps' work);
+latency = the requests' summed time, off over the method's. A forward of a sequence yields exactly one token that is not an accepted draft, so tokens per forward =
 tokens / (tokens - accepted). Checks: greedy ids identical to off on every request, logprobs within
 1e-5 (exit 1 otherwise). Accepted share and tokens per forward are also split by the kind of text a
 token falls in (tool call, reasoning, answer). Writes OUT/spec.json and OUT/spec.png (--fixed:
@@ -272,8 +275,9 @@ def merge_checks(checks: list[dict]) -> dict:
 
 def table(cells: list[dict]) -> str:
     lines = ["| set | temp | conc | tok/s off | ngram | suffix | speedup ngram | speedup suffix | tok/fwd ngram | "
-             "tok/fwd suffix | accepted/drafted ngram | accepted/drafted suffix | stream decode speedup ngram | suffix |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "tok/fwd suffix | accepted/drafted ngram | accepted/drafted suffix | stream decode speedup ngram | suffix | "
+             "decode steps alone ngram | suffix | latency ngram | suffix |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for c in cells:
         m = c["runs"]
         acc = {k: f"{m[k]['accepted'] / m[k]['spec_drafted']:.0%} of {m[k]['spec_drafted']}" if m[k]["spec_drafted"]
@@ -282,7 +286,9 @@ def table(cells: list[dict]) -> str:
                      f"{m['ngram']['tok_s']:.0f} | {m['suffix']['tok_s']:.0f} | {c['speedup']['ngram']:.2f}x | "
                      f"{c['speedup']['suffix']:.2f}x | {m['ngram']['tok_per_forward']:.2f} | "
                      f"{m['suffix']['tok_per_forward']:.2f} | {acc['ngram']} | {acc['suffix']} | "
-                     f"{c['stream_speedup']['ngram']:.2f}x | {c['stream_speedup']['suffix']:.2f}x |")
+                     f"{c['stream_speedup']['ngram']:.2f}x | {c['stream_speedup']['suffix']:.2f}x | "
+                     f"{c['decode_steps_speedup']['ngram']:.2f}x | {c['decode_steps_speedup']['suffix']:.2f}x | "
+                     f"{c['latency_speedup']['ngram']:.2f}x | {c['latency_speedup']['suffix']:.2f}x |")
     return "\n".join(lines)
 
 

@@ -41,6 +41,9 @@ def main() -> int:
     p.add_argument("--limit", type=int, help="requests at most")
     p.add_argument("--sessions", type=Path, default=ROOT / "bench" / "spec-results" / "sessions")
     p.add_argument("--json", type=Path, help="write the figures here")
+    p.add_argument("--warm-requests", type=int, default=WARM_REQUESTS,
+                   help="requests of the next set served first, their outputs in the drafter's cache")
+    p.add_argument("--warm-tokens", type=int, default=WARM_TOKENS, help="max_tokens of each warm-up request")
     p.add_argument("--no-prefill", action="store_true", help="speculate in decode steps only (no draft in prefills)")
     p.add_argument("--against", choices=("off", "no-prefill"), default="off",
                    help="the engine compared with: no speculation, or the same method without prefill drafts")
@@ -59,7 +62,7 @@ def main() -> int:
     max_len = ModelConfig.from_dir(model_dir).max_position_embeddings
     reqs = load_set(args.set, args.sessions, chat, max_len, args.limit)
     other = SETS[(SETS.index(args.set) + 1) % len(SETS)]
-    warm = load_set(other, args.sessions, chat, max_len, WARM_REQUESTS)
+    warm = load_set(other, args.sessions, chat, max_len, args.warm_requests)
     fmt = "dummy" if args.set in RANDOM_WEIGHTS else "auto"
     base = "off" if args.against == "off" else f"{args.method}-no-prefill"
     methods = (base, args.method)
@@ -77,7 +80,7 @@ def main() -> int:
     ids: dict[str, dict[str, list[int]]] = {m: {} for m in methods}
     try:
         for e in engines.values():
-            asyncio.run(replay(e, warm, args.temperature, 1, stops, WARM_TOKENS))
+            asyncio.run(replay(e, warm, args.temperature, 1, stops, args.warm_tokens))
         for i, r in enumerate(reqs):
             for m in methods if i % 2 == 0 else methods[::-1]:
                 (out,), _ = asyncio.run(replay(engines[m], [r], args.temperature, 1, stops))
@@ -97,7 +100,7 @@ def main() -> int:
     steps_rate = {m: (tokens[m] - from_prefill[m]) / max(decode_s[m], 1e-9) for m in methods}
     differ = [k for k in ids[m0] if ids[m0][k] != ids[m1][k]]
     result = {"command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]), "set": args.set,
-              "method": args.method, "against": m0, "prefill_drafts": not args.no_prefill,
+              "method": args.method, "against": m0, "warm": [other, len(warm), args.warm_tokens], "prefill_drafts": not args.no_prefill,
               "temperature": args.temperature, "requests": len(reqs),
               "decode_tok_s": rate, "tokens": tokens, "ratio": rate[m1] / rate[m0],
               # without the tokens prefills kept from drafts: what the decode steps alone made per second

@@ -55,12 +55,15 @@ def step_ms(costs: list[float], extra: int) -> float:
 
 def simulate(reqs, outputs: dict[str, list[int]], warm, k: int, method: str, kinds: dict | None = None,
              warm_tokens: int = WARM_TOKENS, misses: list | None = None, adaptive: bool = False,
-             costs: list[float] | None = None) -> dict:
+             costs: list[float] | None = None, prefill_row_ms: float | None = None) -> dict:
     """Replay greedy decoding of `reqs` one after the other (batch 1) through the engine's Speculator
     (its plan: every proposal up to k tokens, or with `adaptive` the cost model's choice, fed the step
     costs `costs` as the engine feeds it its timings); the cache first holds the warm requests' first
     `warm_tokens` tokens. Speedup: the decode steps' time (after each first token) without drafts over
-    that with them, at those costs."""
+    that with them, at those costs. With `prefill_row_ms`, each prompt's opening is drafted too (as the
+    engine's planner drafts it, a draft row priced at that many ms) and verified in the prefill: its kept
+    tokens are counted apart (`from_prefill`); `speedup` then counts them as decode tokens (each one
+    decode step saved, its draft rows' time spent), `decode_steps_speedup` leaves them out."""
     from serve.engine.base import SamplingParams
     from serve.engine.drafter import DraftCache, SpecConfig
     from serve.engine.sequence import Sequence
@@ -71,8 +74,11 @@ def simulate(reqs, outputs: dict[str, list[int]], warm, k: int, method: str, kin
     if spec.cache is not None:
         for r in warm:
             spec.cache.add("", r.ids[-DraftCache.PROMPT_TAIL:], outputs[r.id][:warm_tokens])
-    tokens = accepted = drafted = forwards = 0
-    plain_ms = spec_ms = 0.0
+    if prefill_row_ms is not None:  # the prefill's row cost and a plain step, as the engine observes them
+        spec.cost.observe(1, costs[0] / 1000, seqs=1)
+        spec.cost.observe_prefill(1000, prefill_row_ms)
+    tokens = accepted = drafted = forwards = from_prefill = 0
+    plain_ms = spec_ms = steps_plain_ms = steps_spec_ms = 0.0
     by_kind: dict[str, list[int]] = {}
     for r in reqs:
         out = outputs[r.id]
@@ -80,6 +86,25 @@ def simulate(reqs, outputs: dict[str, list[int]], warm, k: int, method: str, kin
         seq.num_prompt_tokens = len(r.ids)
         p, forwards = 1, forwards + 1  # the first token comes from the prefill
         acc_flags = [0] * len(out)
+        if prefill_row_ms is not None:
+            seq.token_ids, seq.num_computed = list(r.ids), 0
+            spec.plan([], [seq])
+            draft = seq.draft
+            a = 0
+            while a < len(draft) and a + 1 < len(out) and draft[a] == out[a]:
+                a += 1
+            if draft:
+                spec.verified(seq, len(draft), a)
+            drafted += len(draft)
+            accepted += a
+            from_prefill += a
+            plain_ms += costs[0] * a
+            spec_ms += prefill_row_ms * len(draft)
+            for i in range(a):
+                acc_flags[1 + i] = 1
+            p = 1 + a
+            seq.token_ids += out[:p]
+            seq.draft = []
         while p < len(out):
             seq.num_computed = len(seq) - 1
             spec.plan([seq])
@@ -95,6 +120,8 @@ def simulate(reqs, outputs: dict[str, list[int]], warm, k: int, method: str, kin
             spec.cost.observe(1 + len(draft), ms / 1000, seqs=1)
             plain_ms += costs[0] * min(a + 1, len(out) - p)
             spec_ms += ms
+            steps_plain_ms += costs[0] * min(a + 1, len(out) - p)
+            steps_spec_ms += ms
             for i in range(min(a, len(out) - p)):
                 acc_flags[p + i] = 1
             drafted += len(draft)
@@ -113,7 +140,8 @@ def simulate(reqs, outputs: dict[str, list[int]], warm, k: int, method: str, kin
                 d[1] += f
     return {"tokens": tokens, "accepted": accepted, "drafted": drafted, "forwards": forwards,
             "tok_per_forward": tokens / max(forwards, 1), "accepted_of_drafted": accepted / max(drafted, 1),
-            "speedup": plain_ms / max(spec_ms, 1e-9),
+            "speedup": plain_ms / max(spec_ms, 1e-9), "from_prefill": from_prefill,
+            "decode_steps_speedup": steps_plain_ms / max(steps_spec_ms, 1e-9),
             "kinds": {kd: {"tokens": t, "tok_per_forward": t / max(t - a, 1)} for kd, (t, a) in by_kind.items()}}
 
 
@@ -132,6 +160,8 @@ def main() -> int:
     p.add_argument("--costs", default=DEFAULT_COSTS, help="ms of a batch-1 step verifying 0, 1, 2, ... draft tokens")
     p.add_argument("--warm-tokens", type=int, default=WARM_TOKENS, help="tokens of each warm request's output")
     p.add_argument("--json", type=Path, help="write every figure here")
+    p.add_argument("--prefill-row-ms", type=float,
+                   help="draft each prompt's opening too, verified in its prefill at this many ms a draft row")
     args = p.parse_args()
 
     from serve.chat_format import ChatFormat
@@ -160,16 +190,18 @@ def main() -> int:
         for method in args.methods:
             for k in args.k:
                 res = simulate(reqs, outputs, warm, k, method, kinds, args.warm_tokens, adaptive=args.adaptive,
-                               costs=[float(x) for x in args.costs.split(",")])
+                               costs=[float(x) for x in args.costs.split(",")], prefill_row_ms=args.prefill_row_ms)
                 rows.append({"set": s, "method": method, "k": k, **res})
                 kd = "; ".join(f"{n} {d['tok_per_forward']:.2f} ({d['tokens']})" for n, d in sorted(res["kinds"].items()))
                 print(f"{s:7s} {method:6s} k={k:2d}: {res['tok_per_forward']:.2f} tok/fwd, "
                       f"{res['accepted_of_drafted']:.0%} of {res['drafted']} drafted accepted, {res['tokens']} tokens, "
                       f"{res['speedup']:.2f}x at those step costs"
+                      + (f" ({res['from_prefill']} tokens from prefills; decode steps alone "
+                         f"{res['decode_steps_speedup']:.2f}x)" if args.prefill_row_ms is not None else "")
                       + (f"  [{kd}]" if kd else ""), flush=True)
     if args.json:
         meta = {"command": " ".join(["bench/spec_sim.py", *sys.argv[1:]]), "adaptive": args.adaptive,
-                "costs_ms": args.costs, "warm_requests": args.warm_requests, "warm_tokens": args.warm_tokens}
+                "costs_ms": args.costs, "prefill_row_ms": args.prefill_row_ms, "warm_requests": args.warm_requests, "warm_tokens": args.warm_tokens}
         args.json.write_text(json.dumps({**meta, "rows": rows}, indent=1))
     return 0
 

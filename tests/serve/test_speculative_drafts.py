@@ -93,6 +93,30 @@ def test_the_plan_prices_every_draft_length_by_what_such_steps_cost(verify_ms, w
         assert seq.draft == [8, 9, 10, 11, 12, 13, 14, 5]
 
 
+@pytest.mark.parametrize(("row_ms", "want"), [(0.05, 8), (50.0, 0)])
+def test_a_prefill_drafts_while_a_kept_token_would_save_more_than_its_row_costs(row_ms, want):
+    """A sequence about to be prefilled (waiting, nothing computed) gets a draft of its prompt's continuation
+    when a prefill row is cheap next to the decode step a kept token saves, and none when it is not; with
+    prefill drafts off, none."""
+    from serve.engine.base import SamplingParams
+    from serve.engine.sequence import Sequence
+    from serve.engine.speculation import Speculator
+
+    spec = Speculator(SpecConfig("suffix", 8), max_model_len=4096)
+    spec.accept_rate = 0.7
+    for _ in range(5):
+        spec.cost.observe(1, 0.0035, seqs=1)
+        spec.cost.observe_prefill(100, row_ms / 1000 * 100)
+    waiting = Sequence([5, 6, 7, 8, 9, 10, 11, 12, 13, 14] * 4 + [5, 6, 7], SamplingParams(max_tokens=64))
+    spec.plan([], [waiting])
+    assert len(waiting.draft) == want
+    if want:
+        assert waiting.draft == [8, 9, 10, 11, 12, 13, 14, 5]
+    off = Speculator(SpecConfig("suffix", 8, prefill=False), max_model_len=4096)
+    off.plan([], [waiting])
+    assert waiting.draft == []
+
+
 def test_a_batch_whose_rows_cost_their_share_neither_drafts_nor_looks():
     from serve.engine.speculation import Speculator
 
