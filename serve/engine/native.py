@@ -379,7 +379,7 @@ class NativeEngine(Engine):
             return
         if self.spec is not None:
             try:
-                self.spec.plan(self.scheduler.running, self._admissible())
+                self.spec.plan(self.scheduler.running, self._admissible(), self.scheduler.max_batched_tokens)
             except Exception:  # noqa: BLE001 - drafting is an optimisation: never a reason to fail requests
                 log.exception("drafting failed: this step verifies no draft")
                 for seq in [*self.scheduler.running, *self.scheduler.waiting]:

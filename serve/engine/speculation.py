@@ -188,18 +188,19 @@ class Speculator:
 
     # -- drafting --------------------------------------------------------------------------------------
 
-    def plan(self, seqs: list[Sequence], waiting: Iterable[Sequence] = ()) -> None:
+    def plan(self, seqs: list[Sequence], waiting: Iterable[Sequence] = (), budget: int | None = None) -> None:
         """Set `draft` on the running sequences that are about to decode (their last token not yet
         computed), or leave it empty, so that the step's expected tokens per second are highest; and on
         those whose prefill may end this step (running ones still prefilling, then `waiting`, the
-        sequences the scheduler may admit), a draft for the prefill to verify."""
+        sequences the scheduler may admit), a draft for the prefill to verify, if what is left of its prompt
+        fits `budget` (the step's tokens)."""
         start = time.perf_counter()
         try:
-            self._plan(seqs, waiting)
+            self._plan(seqs, waiting, budget)
         finally:
             self.plan_s = time.perf_counter() - start
 
-    def _plan(self, seqs: list[Sequence], waiting: Iterable[Sequence]) -> None:
+    def _plan(self, seqs: list[Sequence], waiting: Iterable[Sequence], budget: int | None) -> None:
         decoding, prefilling = [], []
         for seq in seqs:
             seq.draft = []
@@ -207,11 +208,11 @@ class Speculator:
                 continue
             if seq.num_computed > 0 and seq.num_computed + 1 == len(seq):
                 decoding.append(seq)
-            elif seq.num_computed < len(seq):
+            elif budget is None or len(seq) - seq.num_computed < budget:
                 prefilling.append(seq)
         for seq in waiting:
             seq.draft = []
-            if not seq.cancelled.is_set():
+            if not seq.cancelled.is_set() and (budget is None or len(seq) - seq.num_computed < budget):
                 prefilling.append(seq)
         if prefilling and self.config.prefill:
             self._plan_prefills(prefilling, len(decoding))
