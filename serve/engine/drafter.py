@@ -299,10 +299,13 @@ class SeqDrafter:
     accepted ones and the first rejected one), counts decaying so that recent verifications weigh more,
     starting from `prior` (the engine's recent rate) with the weight of PRIOR_WEIGHT tested tokens."""
 
-    __slots__ = ("index", "hits", "tested", "prior", "drafted", "accepted", "scope", "prompt_len", "confidence")
+    __slots__ = ("index", "hits", "tested", "prior", "drafted", "accepted", "scope", "prompt_len", "confidence",
+                 "misses", "idle")
 
     PRIOR_WEIGHT = 3.0
     DECAY = 0.9  # per verification
+    MISSES_PER_DOUBLING = 8
+    MAX_IDLE = 7
 
     def __init__(self, token_ids: list[int], scope: str, prompt_len: int, prior: float = 0.7):
         self.index = TextIndex(token_ids)
@@ -312,6 +315,8 @@ class SeqDrafter:
         self.scope = scope
         self.prompt_len = prompt_len
         self.confidence: list[float] = []  # of the draft being verified
+        self.misses = 0  # look-ups in a row that found nothing to propose
+        self.idle = 0  # steps to skip before the next look-up
 
     @property
     def accept_rate(self) -> float:
@@ -321,6 +326,13 @@ class SeqDrafter:
     def sync(self, token_ids: list[int]) -> None:
         if len(token_ids) > len(self.index):
             self.index.extend(token_ids[len(self.index):])
+
+    def looked(self, found: bool) -> None:
+        """A look-up found a proposal or not. Text that never repeats finds nothing step after step: after
+        MISSES_PER_DOUBLING empty look-ups in a row, look every 2nd step, then every 4th, up to every
+        (MAX_IDLE + 1)th; the first proposal found resets it."""
+        self.misses = 0 if found else self.misses + 1
+        self.idle = min((1 << (self.misses // self.MISSES_PER_DOUBLING)) - 1, self.MAX_IDLE)
 
     def record(self, drafted: int, accepted: int, confidence: list[float] | None = None) -> float:
         """A verification of `drafted` tokens kept `accepted`; `confidence`: the draft's (default: what

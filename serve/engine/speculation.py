@@ -20,7 +20,9 @@ draft tokens) is learned from the engine's own decode and verify steps (`StepCos
 from linear in rows, the first extra rows hitting new experts); tokens are taken most likely first and
 the count kept is the one whose step gives the most expected tokens per second. Large batches (where a
 step's rows cost their share) and text that never repeats (no proposal, or acceptance too low to pay)
-verify nothing: the step is a plain decode step.
+verify nothing: the step is a plain decode step. A sequence whose look-ups keep finding nothing (text
+that never repeats) is looked up less often after 8 empty look-ups in a row, down to every 8th step,
+until one finds a proposal.
 
 A prompt's first tokens are drafted too: a sequence whose prefill ends this step carries a draft after
 its prompt (what followed the same prompt tail in recent outputs, or in its own earlier turns), and the
@@ -239,7 +241,11 @@ class Speculator:
             probe = adaptive and not _could_pay(rate, k, n, factor)
             if probe and seq.num_generated % PROBE_EVERY:
                 continue
+            if adaptive and seq.spec is not None and seq.spec.idle > 0:  # its recent look-ups found nothing
+                seq.spec.idle -= 1
+                continue
             prop = self._propose(seq, 1 if probe else k)
+            seq.spec.looked(bool(prop.tokens))
             tokens = prop.tokens
             if seq.matcher is not None and tokens:  # a token the grammar forbids ends the draft
                 tokens = tokens[: seq.matcher.validate_tokens(tokens)]

@@ -117,6 +117,33 @@ def test_a_prefill_drafts_while_a_kept_token_would_save_more_than_its_row_costs(
     assert waiting.draft == []
 
 
+def test_text_that_never_repeats_is_looked_up_less_and_less_until_a_proposal_is_found():
+    from serve.engine.speculation import Speculator
+
+    spec = Speculator(SpecConfig("suffix", 8), max_model_len=4096)
+    spec.accept_rate = 0.9
+    for _ in range(5):
+        spec.cost.observe(1, 0.0035, seqs=1)
+        spec.cost.observe(3, 0.0040, seqs=1)
+    seq = _decoding(list(range(100, 140)))  # no token occurs twice: nothing to propose
+    looked = []
+    for step in range(60):
+        before = seq.spec.misses if seq.spec is not None else 0
+        spec.plan([seq])
+        looked.append(seq.spec is not None and (seq.spec.misses != before or step == 0))
+        seq.token_ids.append(1000 + step)  # a new token each step, never seen before
+        seq.num_computed = len(seq) - 1
+    assert all(looked[:8]) and not looked[8]  # the first 8 misses: looked up every step, then not
+    assert 10 <= sum(looked) <= 30  # then every 2nd, 4th, 8th step
+    seq.token_ids += seq.token_ids[-6:-3]  # now its own text repeats: the next look-up proposes
+    seq.num_computed = len(seq) - 1
+    for _ in range(8):
+        spec.plan([seq])
+        if seq.draft:
+            break
+    assert seq.draft and seq.spec.misses == 0 and seq.spec.idle == 0
+
+
 def test_a_batch_whose_rows_cost_their_share_neither_drafts_nor_looks():
     from serve.engine.speculation import Speculator
 
