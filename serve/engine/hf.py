@@ -142,7 +142,11 @@ class HFEngine(Engine):
             raise WeightLoadError(f"{folder} does not fit the running model: {diff}")
 
     async def stop(self) -> None:
+        """End the worker thread and wait for it (as the native engine does: no torch teardown under a
+        generate still running when the process exits)."""
         self._queue.put(None)
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            await asyncio.to_thread(self._thread.join, 60.0)
 
     def _work(self, model_dir: str, ready: concurrent.futures.Future) -> None:
         from transformers import AutoModelForCausalLM

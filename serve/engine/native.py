@@ -69,6 +69,7 @@ from serve.model.fp8 import describe_checkpoint
 from serve.model.loader import load_model, shard_files
 
 log = logging.getLogger(__name__)
+STOP_WAIT_S = 60.0  # the longest `stop` waits for the engine thread to end
 
 
 @dataclass
@@ -340,8 +341,12 @@ class NativeEngine(Engine):
             raise WeightLoadError(f"{folder} does not fit the running model: {diff}")
 
     async def stop(self) -> None:
+        """Stop the engine thread and wait for it to end (a step under way finishes first): a process that
+        exits right after must not tear torch down under a step still running, which aborts it at exit."""
         self._stop.set()
         self._inbox.put(None)
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            await asyncio.to_thread(self._thread.join, STOP_WAIT_S)
 
     # -- the engine thread ---------------------------------------------------------------------------
 

@@ -120,6 +120,28 @@ def test_greedy_generation_equals_transformers_generate(engine, tiny_hermes):
         assert got == out
 
 
+def test_stop_returns_once_the_engine_thread_has_ended(tiny_hermes):
+    """A process that exits right after `stop` must not tear torch down under a step still running (it
+    aborted at exit now and then): stop waits for the thread, also with a request in flight."""
+    eng = NativeEngine(str(tiny_hermes), EngineConfig(dtype="float32", kv_cache_tokens=2048))
+
+    async def main():
+        async def consume():
+            try:
+                async for _ in eng.generate(prompts(1, seed=9)[0], SamplingParams(max_tokens=200)):
+                    pass
+            except Exception:  # noqa: BLE001 - ended by the stop: what matters is the thread below
+                pass
+
+        task = asyncio.create_task(consume())
+        await asyncio.sleep(0.05)
+        await eng.stop()
+        assert not eng._thread.is_alive()
+        await asyncio.wait_for(task, 10)
+
+    asyncio.run(main())
+
+
 def test_batched_equals_unbatched(engine):
     ps = prompts(8, seed=3)
     alone = [generate_all(engine, [p], greedy())[0] for p in ps]
