@@ -64,14 +64,13 @@ def main() -> int:
     other = SETS[(SETS.index(args.set) + 1) % len(SETS)]
     warm = load_set(other, args.sessions, chat, max_len, args.warm_requests)
     fmt = "dummy" if args.set in RANDOM_WEIGHTS else "auto"
-    base = "off" if args.against == "off" else f"{args.method}-no-prefill"
-    methods = (base, args.method)
-
-    def config(m: str) -> EngineConfig:
-        return EngineConfig(dtype="float64", speculative=m.split("-")[0], max_num_seqs=8, load_format=fmt,
-                            speculative_prefill=not (args.no_prefill or m.endswith("no-prefill")))
-
-    engines = {m: NativeEngine(model_dir, config(m)) for m in methods}
+    # name -> (speculative method, prefill drafts): the engine compared with, then the method measured
+    arms = {"off": ("off", False)} if args.against == "off" else {f"{args.method}-no-prefill": (args.method, False)}
+    arms[args.method] = (args.method, not args.no_prefill)
+    methods = tuple(arms)
+    engines = {m: NativeEngine(model_dir, EngineConfig(dtype="float64", speculative=spec, speculative_prefill=prefill,
+                                                       max_num_seqs=8, load_format=fmt))
+               for m, (spec, prefill) in arms.items()}
     stops = chat.stop_token_ids
     decode_s = dict.fromkeys(methods, 0.0)
     tokens = dict.fromkeys(methods, 0)

@@ -8,6 +8,7 @@ request and frees its slot.
 from __future__ import annotations
 
 import asyncio
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -137,3 +138,13 @@ async def drain(out: asyncio.Queue) -> AsyncIterator[GenToken]:
         if isinstance(item, BaseException):
             raise item
         yield item
+
+
+STOP_WAIT_S = 60.0  # the longest an engine's `stop` waits for its worker thread
+
+
+async def join_worker(thread: threading.Thread) -> None:
+    """Wait (off the event loop, at most STOP_WAIT_S) for an engine's worker thread to end once told to: a
+    process that exits right after `stop` must not tear torch down under a step still running (it aborts)."""
+    if thread.is_alive() and threading.current_thread() is not thread:
+        await asyncio.to_thread(thread.join, STOP_WAIT_S)

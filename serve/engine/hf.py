@@ -19,7 +19,16 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from serve.engine.base import DONE, Engine, EngineStats, EngineStopped, GenToken, SamplingParams, drain
+from serve.engine.base import (
+    DONE,
+    Engine,
+    EngineStats,
+    EngineStopped,
+    GenToken,
+    SamplingParams,
+    drain,
+    join_worker,
+)
 from serve.engine.weights import (
     Reload,
     RequestAborted,
@@ -142,11 +151,9 @@ class HFEngine(Engine):
             raise WeightLoadError(f"{folder} does not fit the running model: {diff}")
 
     async def stop(self) -> None:
-        """End the worker thread and wait for it (as the native engine does: no torch teardown under a
-        generate still running when the process exits)."""
+        """End the worker thread and wait for it (a generate under way finishes first)."""
         self._queue.put(None)
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            await asyncio.to_thread(self._thread.join, 60.0)
+        await join_worker(self._thread)
 
     def _work(self, model_dir: str, ready: concurrent.futures.Future) -> None:
         from transformers import AutoModelForCausalLM

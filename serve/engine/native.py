@@ -46,7 +46,16 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from kernels import cpu_ext
-from serve.engine.base import DONE, Engine, EngineStats, EngineStopped, GenToken, SamplingParams, drain
+from serve.engine.base import (
+    DONE,
+    Engine,
+    EngineStats,
+    EngineStopped,
+    GenToken,
+    SamplingParams,
+    drain,
+    join_worker,
+)
 from serve.engine.block_manager import BlockManager
 from serve.engine.drafter import DEFAULT_CACHE_TOKENS, DEFAULT_TOKENS, SpecConfig
 from serve.engine.model_runner import ModelRunner, StaticConfig
@@ -69,7 +78,6 @@ from serve.model.fp8 import describe_checkpoint
 from serve.model.loader import load_model, shard_files
 
 log = logging.getLogger(__name__)
-STOP_WAIT_S = 60.0  # the longest `stop` waits for the engine thread to end
 
 
 @dataclass
@@ -341,12 +349,10 @@ class NativeEngine(Engine):
             raise WeightLoadError(f"{folder} does not fit the running model: {diff}")
 
     async def stop(self) -> None:
-        """Stop the engine thread and wait for it to end (a step under way finishes first): a process that
-        exits right after must not tear torch down under a step still running, which aborts it at exit."""
+        """Stop the engine thread and wait for it to end (a step under way finishes first)."""
         self._stop.set()
         self._inbox.put(None)
-        if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            await asyncio.to_thread(self._thread.join, STOP_WAIT_S)
+        await join_worker(self._thread)
 
     # -- the engine thread ---------------------------------------------------------------------------
 

@@ -35,6 +35,7 @@ at all likely.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterable
 
@@ -204,17 +205,13 @@ class Speculator:
 
     def _plan(self, seqs: list[Sequence], waiting: Iterable[Sequence], budget: int | None) -> None:
         decoding, prefilling = [], []
-        for seq in seqs:
+        for seq in itertools.chain(seqs, waiting):
             seq.draft = []
             if seq.cancelled.is_set():
                 continue
             if seq.num_computed > 0 and seq.num_computed + 1 == len(seq):
                 decoding.append(seq)
-            elif budget is None or len(seq) - seq.num_computed < budget:
-                prefilling.append(seq)
-        for seq in waiting:
-            seq.draft = []
-            if not seq.cancelled.is_set() and (budget is None or len(seq) - seq.num_computed < budget):
+            elif budget is None or len(seq) - seq.num_computed < budget:  # its prefill can end this step
                 prefilling.append(seq)
         if prefilling and self.config.prefill:
             self._plan_prefills(prefilling, len(decoding))
@@ -231,7 +228,7 @@ class Speculator:
         cands: list[tuple[float, int, Sequence]] = []
         drafts: dict[int, list[int]] = {}
         for seq in decoding:
-            k = min(k_max, seq.params.max_tokens - seq.num_generated - 1, self.max_model_len - len(seq))
+            k = min(k_max, self._room(seq))
             if k <= 0:
                 continue
             rate = seq.spec.accept_rate if seq.spec is not None else self.accept_rate
@@ -244,11 +241,8 @@ class Speculator:
             if adaptive and seq.spec is not None and seq.spec.idle > 0:  # its recent look-ups found nothing
                 seq.spec.idle -= 1
                 continue
-            prop = self._propose(seq, 1 if probe else k)
+            prop, tokens = self._proposal(seq, 1 if probe else k)
             seq.spec.looked(bool(prop.tokens))
-            tokens = prop.tokens
-            if seq.matcher is not None and tokens:  # a token the grammar forbids ends the draft
-                tokens = tokens[: seq.matcher.validate_tokens(tokens)]
             seq.spec.confidence = prop.confidence[: len(tokens)]
             if probe or not adaptive:
                 seq.draft = tokens[:1] if probe else tokens
@@ -288,14 +282,10 @@ class Speculator:
         saved = self.cost.plain(m) / m
         row = self.cost.prefill_row()
         for seq in seqs:
-            k = min(self.config.num_tokens, seq.params.max_tokens - seq.num_generated - 1,
-                    self.max_model_len - len(seq))
+            k = min(self.config.num_tokens, self._room(seq))
             if k <= 0:
                 continue
-            prop = self._propose(seq, k)
-            tokens = prop.tokens
-            if seq.matcher is not None and tokens:
-                tokens = tokens[: seq.matcher.validate_tokens(tokens)]
+            prop, tokens = self._proposal(seq, k)
             if self.config.adaptive:
                 g, q, keep = 1.0, seq.spec.accept_rate, 0
                 for c in prop.confidence[: len(tokens)]:
@@ -306,6 +296,19 @@ class Speculator:
                 tokens = tokens[:keep]
             seq.spec.confidence = prop.confidence[: len(tokens)]
             seq.draft = list(tokens)
+
+    def _room(self, seq: Sequence) -> int:
+        """Draft tokens the sequence can still take: before max_tokens (the step's own token included) and
+        the context's end."""
+        return min(seq.params.max_tokens - seq.num_generated - 1, self.max_model_len - len(seq))
+
+    def _proposal(self, seq: Sequence, k: int) -> tuple[Proposal, list[int]]:
+        """The drafter's proposal of up to k tokens, and its tokens up to the first its grammar forbids."""
+        prop = self._propose(seq, k)
+        tokens = prop.tokens
+        if seq.matcher is not None and tokens:  # a token the grammar forbids ends the draft
+            tokens = tokens[: seq.matcher.validate_tokens(tokens)]
+        return prop, tokens
 
     def _propose(self, seq: Sequence, k: int) -> Proposal:
         if seq.spec is None:
