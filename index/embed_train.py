@@ -7,9 +7,9 @@ cross-entropy). AdamW with linear warm-up and decay. A wall-clock budget ends tr
 schedule's horizon follows it: every ten steps the measured step rate says how many steps the budget
 still allows, and the decay is laid out to end there (never past the planned steps), so a run the
 machine cannot finish still ends at a learning rate near zero instead of being cut at its peak.
-The development set is scored `evals_per_epoch` times per epoch's worth of the horizon. The model
-scored best by `evaluate` (the development halves, never a test half) is what is saved, together
-with the curve.
+The development set is scored `evals_per_epoch` times per epoch's worth of the horizon (the curve).
+The model at the end of the schedule is saved (`last`), and the one scored best by `evaluate` (the
+development halves, never a test half) beside it (`best`).
 
 Export: `export_fp16` writes the weights as float16 safetensors (half of float32's 90 MB), which
 `embed.py` reads back into float32 (NumPy for queries, torch for indexing).
