@@ -159,9 +159,9 @@ def cmd_train(a) -> None:
     torch.set_num_threads(2)
     pairs_file = mine_pairs(a)
     mined = embed_mine.read(pairs_file)
-    kinds = set(a.kinds.split(","))
-    if not kinds or not kinds <= {k for k, _ in embed_mine.KINDS}:
-        sys.exit(f"--kinds: a comma-separated subset of {','.join(k for k, _ in embed_mine.KINDS)}, not {a.kinds!r}")
+    kinds, known = set(a.kinds.split(",")), [k for k, _ in embed_mine.KINDS]
+    if not kinds <= set(known):
+        sys.exit(f"--kinds: a comma-separated subset of {','.join(known)}, not {a.kinds!r}")
     pairs = balanced([p for p in mined if p.kind in kinds], a.per_lang, seed=55)
     counts = {lg: sum(p.lang == lg for p in pairs) for lg in sorted({p.lang for p in pairs})}
     print(f"{len(pairs)} of {len(mined)} mined pairs: {counts}", file=sys.stderr)

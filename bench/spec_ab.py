@@ -55,6 +55,8 @@ def main() -> int:
     p.add_argument("--against", choices=("off", "no-prefill"), default="off",
                    help="the engine compared with: no speculation, or the same method without prefill drafts")
     args = p.parse_args()
+    if args.concurrency < 1:
+        p.error(f"--concurrency: a batch of at least 1 request, not {args.concurrency}")
     os.environ["OMP_NUM_THREADS"] = "1"  # as bench/spec.py: one torch thread, before torch starts its pool
     import torch
 
@@ -76,7 +78,7 @@ def main() -> int:
     arms[args.method] = (args.method, not args.no_prefill)
     methods = tuple(arms)
     engines = {m: NativeEngine(model_dir, EngineConfig(dtype="float64", speculative=spec, speculative_prefill=prefill,
-                                                       max_num_seqs=8, load_format=fmt))
+                                                       max_num_seqs=max(8, args.concurrency), load_format=fmt))
                for m, (spec, prefill) in arms.items()}
     stops = chat.stop_token_ids
     decode_s = dict.fromkeys(methods, 0.0)
@@ -89,7 +91,7 @@ def main() -> int:
     try:
         for e in engines.values():
             asyncio.run(replay(e, warm, args.temperature, 1, stops, args.warm_tokens))
-        n = max(1, args.concurrency)
+        n = args.concurrency
         groups = [reqs[i:i + n] for i in range(0, len(reqs), n)]
         for i, group in enumerate(groups):
             for m in methods if i % 2 == 0 else methods[::-1]:
@@ -132,7 +134,7 @@ def main() -> int:
         print(f"{args.set}, T={args.temperature:g}, batch 1, {len(reqs)} requests: decode tok/s {m0} {rate[m0]:.1f}, "
               f"{m1} {rate[m1]:.1f}: {result['ratio']:.3f}x; decode steps alone {result['decode_steps_ratio']:.3f}x "
               f"({from_prefill[m1]} tokens from prefills); requests' time {result['latency_ratio']:.3f}x shorter")
-    else:
+    elif per_group:
         print(f"{args.set}, T={args.temperature:g}, batch {n}, {len(reqs)} requests in {len(groups)} groups: tok/s "
               f"{m0} {tput[m0]:.1f}, {m1} {tput[m1]:.1f}: {result['tok_s_ratio']:.3f}x; median of the groups' "
               f"ratios {result['group_ratio_median']:.3f}x (min {min(per_group):.3f}, max {max(per_group):.3f})")
