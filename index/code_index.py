@@ -5,7 +5,8 @@ vector per definition: sync.py) index of the code, the lexical (BM25) index of t
 index of the doc prose (a separate field, see chunker.py), optionally restricted to a file or folder,
 puts every list per definition (`per_definition`: the head the dense list finds and a slice BM25
 finds are one answer), fuses the three lists (fusion.py; the weights were chosen on the bench's
-development queries), and collapses several chunks of one definition into one result.
+development queries), collapses several chunks of one definition into one result, and, when the
+query is one name, puts the definitions of that name first (`definitions_first`).
 
 One `CodeIndex` serves one workspace; its methods are thread-safe (one lock: search reads the same
 in-memory FAISS index that sync mutates). Several processes may share a workspace: writers serialise
@@ -15,6 +16,7 @@ on a file lock and readers notice a new generation on their next call (store.py)
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -30,6 +32,9 @@ from index.sync import Progress, Syncer, SyncReport
 
 # Candidates taken from each retriever before fusion.
 CANDIDATES = 100
+# A query that is one name, plain or qualified (`letter`, `Parser.feed`, `io::Read`, `List#add`).
+_NAME_QUERY = re.compile(r"[A-Za-z_$][\w$]*(?:(?:\.|::|#)[A-Za-z_$][\w$]*)*")
+_NAME_SEP = re.compile(r"\.|::|#")
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,23 @@ def collapse(fused: list[tuple[int, float]], rows: dict[int, store.ChunkRow]) ->
             seen.add(key)
             out.append((cid, score))
     return out
+
+
+def definitions_first(query: str, fused: list[tuple[int, float]],
+                      rows: dict[int, store.ChunkRow]) -> list[tuple[int, float]]:
+    """When the query is one name, the definitions of that name go first (in their fused order): the
+    code that defines `letter` answers the query `letter` better than a test that calls it seven times,
+    which both retrievers may rank above it. A qualified name (`Parser.feed`) matches a symbol ending in
+    those parts. Any other query keeps the fused order."""
+    if not _NAME_QUERY.fullmatch(query):
+        return fused
+    want = _NAME_SEP.split(query)
+
+    def defines(cid: int) -> bool:
+        r = rows.get(cid)
+        return r is not None and _NAME_SEP.split(r.symbol)[-len(want):] == want
+
+    return sorted(fused, key=lambda cs: not defines(cs[0]))  # stable: ties keep the fused order
 
 
 def per_definition(lists: list[Ranking], rows: dict[int, store.ChunkRow]) -> list[Ranking]:
@@ -304,7 +326,7 @@ class CodeIndex:
             (dense, lexical, doc), = self.candidates([query], max(k, CANDIDATES), path=path)
             rows = store.chunks_by_id(self._con, sorted({*dense[0], *lexical[0], *doc[0]}))
         dense, lexical, doc = per_definition([dense, lexical, doc], rows)
-        fused = collapse(self.weights.fuse(dense, lexical, doc), rows)[:k]
+        fused = definitions_first(query, collapse(self.weights.fuse(dense, lexical, doc), rows), rows)[:k]
         dense_ids, lex_ids = dense[0], lexical[0]
         dense_rank = {cid: r for r, cid in enumerate(dense_ids, start=1)}
         lex_rank = {cid: r for r, cid in enumerate(lex_ids, start=1)}
