@@ -12,7 +12,8 @@ modules and names). The arms alternate in chunks of tasks (each arm's eval resum
 so the shared machine's load falls on all of them alike; one episode at a time, torch on one thread.
 Tokens are what the eval counts (the scripted server's estimate, 4 characters a token, summed over the
 episode's requests). Index build seconds come from the tool's own note ("built the index ... in X s").
-Writes OUT/<arm>/ (eval folders: results.jsonl, report.json, report.png, sessions) and
+Writes OUT/<arm>/ (emptied first: a run never reuses an earlier run's episodes, which may come from
+other weights; eval folders: results.jsonl, report.json, report.png, sessions) and
 bench/embedder-results/agent-find-def.{json,png}.
 """
 
@@ -22,6 +23,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import sys
 import time
@@ -152,6 +154,10 @@ def run(a, arms: list[str], by_split: dict) -> dict:
     from agent.tasks.expert_find import expert_server
 
     tasks = [t for ts in by_split.values() for t in ts]
+    for x in arms:  # the chunks below resume this run's episodes only, never an earlier run's (other weights)
+        if (a.out / x).exists():
+            shutil.rmtree(a.out / x)
+            print(f"cleared {a.out / x}: an earlier run's episodes", flush=True)
     order = [t for pair in zip(by_split["train"], by_split["heldout"], strict=True) for t in pair]
     load_s = warm([ARMS[x][1] for x in arms if ARMS[x][1]])
     servers = {x: expert_server(tasks, ARMS[x][0]).__enter__() for x in arms}
