@@ -16,6 +16,7 @@ on a file lock and readers notice a new generation on their next call (store.py)
 from __future__ import annotations
 
 import os
+import posixpath
 import re
 import threading
 import time
@@ -32,8 +33,10 @@ from index.sync import Progress, Syncer, SyncReport
 
 # Candidates taken from each retriever before fusion.
 CANDIDATES = 100
-# A query that is one name, plain or qualified (`letter`, `Parser.feed`, `io::Read`, `List#add`).
-_NAME_QUERY = re.compile(r"[A-Za-z_$][\w$]*(?:(?:\.|::|#)[A-Za-z_$][\w$]*)*")
+# A query that is one name, plain or qualified (`letter`, `Parser.feed`, `io::Read`, `List#add`), maybe
+# after the keyword that declares it (`def letter`, `class Parser`, `fn parse`).
+_NAME_QUERY = re.compile(r"(?:(?:def|class|fn|func|function|struct|interface|trait|enum|impl)\s+)?"
+                         r"([A-Za-z_$][\w$]*(?:(?:\.|::|#)[A-Za-z_$][\w$]*)*)")
 _NAME_SEP = re.compile(r"\.|::|#")
 
 
@@ -108,15 +111,20 @@ def definitions_first(query: str, fused: list[tuple[int, float]],
                       rows: dict[int, store.ChunkRow]) -> list[tuple[int, float]]:
     """When the query is one name, the definitions of that name go first (in their fused order): the
     code that defines `letter` answers the query `letter` better than a test that calls it seven times,
-    which both retrievers may rank above it. A qualified name (`Parser.feed`) matches a symbol ending in
-    those parts. Any other query keeps the fused order."""
-    if not _NAME_QUERY.fullmatch(query):
+    which both retrievers may rank above it. A qualified name (`Parser.feed`, `grades.letter`) matches a
+    definition whose file path and symbol end in those parts; a declaring keyword may come first (`def
+    letter`, `class Parser`). Any other query keeps the fused order."""
+    m = _NAME_QUERY.fullmatch(query)
+    if m is None:
         return fused
-    want = _NAME_SEP.split(query)
+    want = _NAME_SEP.split(m[1])
 
     def defines(cid: int) -> bool:
         r = rows.get(cid)
-        return r is not None and _NAME_SEP.split(r.symbol)[-len(want):] == want
+        if r is None or not r.symbol:
+            return False
+        full = posixpath.splitext(r.path)[0].split("/") + _NAME_SEP.split(r.symbol)  # pkg/grades.py: letter
+        return full[-len(want):] == want
 
     return sorted(fused, key=lambda cs: not defines(cs[0]))  # stable: ties keep the fused order
 
