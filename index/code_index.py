@@ -34,9 +34,10 @@ from index.sync import Progress, Syncer, SyncReport
 # Candidates taken from each retriever before fusion.
 CANDIDATES = 100
 # A query that is one name, plain or qualified (`letter`, `Parser.feed`, `io::Read`, `List#add`), maybe
-# after the keyword that declares it (`def letter`, `class Parser`, `fn parse`).
-_NAME_QUERY = re.compile(r"(?:(?:def|class|fn|func|function|struct|interface|trait|enum|impl)\s+)?"
-                         r"([A-Za-z_$][\w$]*(?:(?:\.|::|#)[A-Za-z_$][\w$]*)*)")
+# after the keyword that declares it (`def letter`, `class Parser`, `fn parse`), in backticks or with
+# a call's parentheses (`letter()`).
+_NAME_QUERY = re.compile(r"(?:(?:def|class|fn|func|function|struct|interface|trait|enum|impl)\s+)?`?"
+                         r"([A-Za-z_$][\w$]*(?:(?:\.|::|#)[A-Za-z_$][\w$]*)*)(?:\(\))?`?")
 _NAME_SEP = re.compile(r"\.|::|#")
 
 

@@ -113,7 +113,7 @@ def test_prose_and_unknown_names_keep_the_fused_order(tmp_path: Path, embedder):
     assert definitions_first("where is letter defined", fused, rows) == fused
     assert definitions_first("no_such_name", fused, rows) == fused
     assert definitions_first("letter grade", fused, rows) == fused
-    for q in ("def letter", "function letter", "pkg.grades.letter"):  # a keyword, a module path
+    for q in ("def letter", "function letter", "pkg.grades.letter", "letter()", "`letter`"):
         assert rows[definitions_first(q, fused, rows)[0][0]].symbol == "letter", q
     moved = definitions_first("letter", fused, rows)
     assert sorted(moved) == sorted(fused) and rows[moved[0][0]].symbol == "letter"
