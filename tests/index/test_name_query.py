@@ -104,9 +104,8 @@ def test_prose_and_unknown_names_keep_the_fused_order(tmp_path: Path, embedder):
     ix = CodeIndex(_repo(tmp_path / "repo"), embedder=embedder, index_dir=tmp_path / "ix")
     try:
         ix.sync()
-        with ix._lock:
-            ids = [cid for cid, in ix._con.execute("SELECT id FROM chunks ORDER BY id")]
-            rows = store.chunks_by_id(ix._con, ids)
+        rows = ix.chunks(store.ids_under(ix._con, ""))  # every chunk
+        ids = list(rows)
     finally:
         ix.close()
     fused = [(cid, 1.0 / (i + 1)) for i, cid in enumerate(sorted(ids, reverse=True))]
