@@ -8,7 +8,8 @@
                                                    `multi` (bench/search_ablate.py)
     python bench/search.py cold     [--runs N]     `composer-agent search` in a fresh process, numpy vs torch
     python bench/search.py embedders --models A,B  load time, memory, chunks/s of embedders, side by side
-    python bench/search.py quality  [--work DIR]   docstring -> function on the stdlib (bench/corpus.py)
+    python bench/search.py quality  [--work DIR] [--naive]  docstring -> function on the stdlib (bench/corpus.py);
+                                                   --naive: multi's naive baseline beside it
     python bench/search.py build    [--work DIR]   full build of the unmodified stdlib: chunks/s, memory
     python bench/search.py sync     [--work DIR]   change one file of the built stdlib index, re-sync
     python bench/search.py latency  [--work DIR]   query p50/p95 at >= 100 k chunks (see `latency`)
@@ -86,6 +87,32 @@ def _flags(ids: list[int], q, rows) -> list[bool]:
     return out
 
 
+def _naive_quality(corpus: Path, queries: list, emb, work: Path) -> list[list[bool]]:
+    """Relevance flags of the multi set's naive baseline on the quality corpus: one vector per
+    function or method, its whole text without comments or docstrings, nothing else in the index
+    (bench/search_eval.py), ranked by cosine; vectors cached by text under `work`."""
+    from bench import search_eval as se
+    from index.languages import language_for, parser_for
+
+    units = []
+    for p in corpus_mod.stdlib_files(corpus):
+        rel = p.relative_to(corpus).as_posix()
+        text = p.read_text(encoding="utf-8")
+        tree = parser_for(language_for(rel)).parse(text.encode("utf-8", errors="surrogatepass"))
+        units += [(rel, f.start + 1, f.end + 1, se._without_comments(rel, text, f, tree))
+                  for f in se.functions(rel, text, tree)]
+    cached = CachedEmbedder(emb, work / "vector-cache" / f"naive-{_slug(emb)}.npz")
+    print(f"naive baseline: {len(units)} functions", flush=True)
+    vecs = cached.encode([u[3] for u in units], on_batch=None)
+    cached.save()
+    sims = cached.encode([q.query for q in queries]) @ vecs.T
+    out = []
+    for q, s in zip(queries, sims, strict=True):
+        top = (-s).argsort(kind="stable")[:10]
+        out.append([_overlaps(units[i][0], units[i][1], units[i][2], q) for i in top])
+    return out
+
+
 def cmd_quality(args) -> None:
     work = args.work
     t = time.monotonic()
@@ -129,6 +156,7 @@ def cmd_quality(args) -> None:
     }
     tuned = {m: max(g, key=lambda w: evaluate(dev, w)["MRR@10"]) for m, g in grids.items()}
     shipped = ix.weights  # the model's own (Weights.for_model)
+    naive = _naive_quality(corpus, queries, ix.embedder, work) if args.naive else None
     results = {
         "dense only (all)": evaluate(everyone, "dense"),
         "BM25 only (all)": evaluate(everyone, "bm25"),
@@ -140,6 +168,9 @@ def cmd_quality(args) -> None:
     }
     for m, w in tuned.items():
         results[f"hybrid {m} tuned on dev: {_describe(w)} (test half)"] = evaluate(test, w)
+    if naive is not None:
+        results["naive dense: whole functions, no comments (all)"] = metrics([naive[i] for i in everyone])
+        results["naive dense: whole functions, no comments (test half)"] = metrics([naive[i] for i in test])
     print(f"\n{'mode':<72} {'MRR@10':>7} {'R@1':>6} {'R@10':>6}")
     for name, m in results.items():
         print(f"{name:<72} {m['MRR@10']:7.1f} {m['R@1']:6.1f} {m['R@10']:6.1f}")
@@ -711,6 +742,8 @@ def main() -> None:
     p.add_argument("--model", help="multi, quality: embedding model folder or name (default: the index's default)")
     p.add_argument("--langs", help="multi: comma-separated languages (default: all)")
     p.add_argument("--no-cache", action="store_true", help="multi: embed everything again")
+    p.add_argument("--naive", action="store_true",
+                   help="quality: also rank multi's naive baseline (whole functions, dense) on the corpus")
     p.add_argument("--runs", type=int, default=10, help="cold: runs of each variant")
     p.add_argument("--models", help="embedders: comma-separated model folders or names")
     p.add_argument("--threads", type=int, default=0, help="multi, ablate: torch threads (default: torch's)")
