@@ -305,7 +305,7 @@ class Qwen3MoeModel(nn.Module):
                                                  and self.lm_head.bias is None):
             w = (self.lm_head if self.lm_head is not None else self.embed_tokens).weight
             n = h_ND.shape[0]
-            return torch.mm(w, (h_ND if n > 1 else h_ND.expand(2, -1).contiguous()).T)[:, :n].T
+            return torch.mm(w, (h_ND if n != 1 else h_ND.expand(2, -1).contiguous()).T)[:, :n].T
         if self.lm_head is not None:
             return proj(self.lm_head, h_ND, self.batch_invariant)
         w = self.embed_tokens.weight

@@ -1,0 +1,31 @@
+"""The LM head as served on a CPU (Qwen3MoeModel.logits: one GEMM with the vocabulary as its long side, a
+single row doubled) gives F.linear's logits for any number of rows, tied to the embeddings or not."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from serve.cli import BUILTIN_DIR
+from serve.model.config import ModelConfig
+from serve.model.qwen3_moe import Qwen3MoeModel
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_logits_match_f_linear_at_every_row_count(tied, dtype):
+    cfg = replace(ModelConfig.from_dir(BUILTIN_DIR), num_hidden_layers=1, tie_word_embeddings=tied)
+    torch.manual_seed(0)
+    model = Qwen3MoeModel(cfg).to(dtype)
+    w = model.embed_tokens.weight if tied else model.lm_head.weight
+    tol = 1e-12 if dtype == torch.float64 else 1e-4
+    for n in (0, 1, 2, 3, 9):
+        h = torch.randn(n, cfg.hidden_size, dtype=dtype)
+        with torch.inference_mode():
+            got = model.logits(h)
+        want = F.linear(h, w)
+        assert got.shape == (n, cfg.vocab_size) and got.dtype == dtype
+        torch.testing.assert_close(got, want, rtol=0, atol=tol)
