@@ -298,7 +298,7 @@ class Qwen3MoeModel(nn.Module):
         the vocabulary as its long side, W·hᵀ, and a single row is doubled to make it one: MKL's GEMV
         and its small-M GEMM read the [V, D] weight at half the speed or less (a cold head, one thread: 1.8x
         at 1 row, 2.4-5x at 2, 1.2-2.2x at 5), so a verify step of 2-9 rows paid up to twice a decode's
-        head. A step of the built-in model: 0.95x the time at 1 row, 0.89x at 2-3, 0.95x at 5 (BENCHMARKS,
+        head. A step of the built-in model: 0.94x the time at 1 row, 0.87-0.90x at 2-3, 0.94x at 5 (BENCHMARKS,
         speculative decoding). Same products, another summation order (|Δ logit| ~1e-14 in float64)."""
         if not self.batch_invariant and h_ND.dim() == 2 and h_ND.device.type == "cpu" and \
                 not torch.is_grad_enabled() and (self.lm_head is None or type(self.lm_head) is nn.Linear
