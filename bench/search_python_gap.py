@@ -1,0 +1,143 @@
+"""Where the Python set of `bench/search.py multi` loses to the naive list, and what would move it (issue 55).
+
+    python bench/search_python_gap.py [--model code-minilm] [--cases FILE]
+
+Saves, once, every set's per-query dense and BM25 lists (per definition, as `semantic_search` fuses them) with
+the chunks' text (`--cases`, default WORK/gap-cases-SLUG.pkl; the six languages, jdk, jdk-doc and the `quality`
+set), then re-ranks them offline: the shipped fusion; the dense list with classes and code outside definitions
+left out (what the naive list holds); penalties on classes, on `@property` methods and on tiny chunks; other
+fusions of the index's kinds. MRR@10 per set, as differences from the shipped ranking. The queries of these
+sets are all functions, so a variant that only demotes classes can only gain here: such a gain is the
+benchmark's shape, not a better search, and is printed as a diagnosis, not a candidate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from index.chunker import approx_tokens  # noqa: E402
+from index.code_index import Weights  # noqa: E402
+
+SETS = ("python", "c", "java", "javascript", "typescript", "rust", "jdk", "jdk-doc", "quality")
+CLASS = re.compile(r"^\s*(?:@\w+.*\n\s*)*(?:(?:export|public|abstract|final|private|protected|static|default)\s+)*"
+                   r"(?:class|interface|struct|enum)\b")
+PROPERTY = re.compile(r"^\s*@property\b")
+
+
+def save_cases(model: str, out: Path) -> None:
+    from bench import corpus as corpus_mod
+    from bench import search_eval as se
+    from bench.search import DEFAULT_WORK, CachedEmbedder, _overlaps, _slug
+    from index.code_index import CodeIndex, per_definition
+    from index.embed import load_embedder
+
+    base = load_embedder(model)
+    emb = CachedEmbedder(base, DEFAULT_WORK / "vector-cache" / f"{_slug(base)}.npz")
+    data = {}
+    for name in SETS:
+        if name == "quality":
+            root, queries = corpus_mod.build(DEFAULT_WORK)
+            ix = CodeIndex(root, model=model)
+        else:
+            root, queries, _ = se.build(name, DEFAULT_WORK / "multi" / name)
+            ix = CodeIndex(root, embedder=emb, index_dir=DEFAULT_WORK / "multi" / name / f"index-{_slug(base)}")
+        ix.sync()
+        cands = ix.candidates([q.query for q in queries], 100)
+        rows = ix.chunks(sorted({i for c in cands for r in c for i in r[0]}))
+        cases = []
+        for qi, q in enumerate(queries):
+            d, lx, _ = per_definition(list(cands[qi]), rows)
+            right = {i for i in {*d[0], *lx[0]} if i in rows and
+                     _overlaps(rows[i].path, rows[i].start_line, rows[i].end_line, q)}
+            cases.append((d, lx, right))
+        info = {i: (r.path, r.unit, r.text) for i, r in rows.items()}
+        data[name] = (cases, info)
+        ix.close()
+        print(f"{name}: {len(cases)} queries", flush=True)
+    emb.save()
+    out.write_bytes(pickle.dumps(data))
+
+
+def mrr(cases, info, adjust=None, fusion: Weights | None = Weights()) -> float:
+    """MRR@10 of the fused (or, with fusion None, the dense) list after `adjust(chunk id)` is added to
+    each dense score."""
+    total = 0.0
+    for (d_ids, d_sc), lx, right in cases:
+        if adjust is not None:
+            d_sc = [s + adjust(i) for i, s in zip(d_ids, d_sc, strict=True)]
+            order = sorted(range(len(d_ids)), key=lambda k: -d_sc[k])
+            d_ids, d_sc = [d_ids[k] for k in order], [d_sc[k] for k in order]
+        ids = d_ids if fusion is None else [c for c, _ in fusion.fuse((d_ids, d_sc), lx, ([], []))]
+        seen, pos = set(), 0
+        for c in ids:
+            path, unit, _ = info.get(c, (None, None, None))
+            if path is None:
+                continue
+            key = (path, unit) if unit else c
+            if key in seen:
+                continue
+            seen.add(key)
+            if c in right:
+                total += 1 / (pos + 1)
+                break
+            pos += 1
+            if pos == 10:
+                break
+    return 100 * total / max(len(cases), 1)
+
+
+def main() -> None:
+    from bench.search import DEFAULT_WORK
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="code-minilm")
+    ap.add_argument("--cases", type=Path)
+    a = ap.parse_args()
+    path = a.cases or DEFAULT_WORK / f"gap-cases-{a.model.replace('/', '_')}.pkl"
+    if not path.exists():
+        save_cases(a.model, path)
+    data = pickle.loads(path.read_bytes())
+    size = {n: {i: sum(approx_tokens(t.splitlines())) for i, (_, _, t) in info.items()} for n, (_, info) in data.items()}
+    base = {n: mrr(*data[n]) for n in data}
+    print("shipped fusion: " + "  ".join(f"{n} {v:.1f}" for n, v in base.items()))
+    print("dense list alone: " + "  ".join(f"{n} {mrr(*data[n], fusion=None):.1f}" for n in data))
+
+    def row(label, adjust_for=None, fusion=Weights(), dense=False):
+        vals = []
+        for n, (cases, info) in data.items():
+            adj = adjust_for(n, info) if adjust_for else None
+            vals.append(mrr(cases, info, adj, None if dense else fusion) - (mrr(cases, info, fusion=None) if dense else base[n]))
+        print(f"{label:<50}" + "  ".join(f"{n} {v:+.1f}" for n, v in zip(data, vals, strict=True)))
+
+    def functions_only(n, info):  # what the naive list holds: no classes, no code outside definitions
+        return lambda i: -10.0 if i in info and (not info[i][1] or CLASS.match(info[i][2])) else 0.0
+
+    print("\ndifferences from the shipped ranking (dense rows: from the dense list alone)")
+    row("dense, classes and outside code left out", functions_only, dense=True)
+    row("fused, classes and outside code left out", functions_only)
+    for kind, pat in (("classes", CLASS), ("@property methods", PROPERTY)):
+        for b in (0.03, 0.1):
+            row(f"fused, {kind} -{b}", lambda n, info, pat=pat, b=b:
+                (lambda i: -b if i in info and pat.match(info[i][2]) else 0.0))
+    row("fused, classes and @property methods -1", lambda n, info: (
+        lambda i: -1.0 if i in info and (CLASS.match(info[i][2]) or PROPERTY.match(info[i][2])) else 0.0))
+    for t in (24, 48):
+        for b in (0.02, 0.04):
+            row(f"fused, chunks under {t} tokens -{b}*(1-size/{t})", lambda n, info, t=t, b=b:
+                (lambda i: -b * max(0.0, (t - size[n].get(i, t)) / t)))
+    for w in (Weights("abs", 0.7, 0.3), Weights("abs", 0.75, 0.25), Weights("abs", 0.6, 0.4),
+              Weights("abs", 0.65, 0.35, power=1.5), Weights("abs", 0.65, 0.35, power=2),
+              Weights("abs", 0.7, 0.3, power=2), Weights("abs", 0.65, 0.35, power=0.5),
+              Weights("rrf", 0.65, 0.35, k=60), Weights("sum", 0.65, 0.35), Weights("sum", 0.75, 0.25)):
+        row(f"fusion {w.method} {w.dense}/{w.lexical} p{w.power:g}" + (f" k{w.k:g}" if w.method == "rrf" else ""),
+            fusion=w)
+
+
+if __name__ == "__main__":
+    main()
