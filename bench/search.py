@@ -99,18 +99,14 @@ def _naive_quality(corpus: Path, queries: list, emb, work: Path) -> list[list[bo
         rel = p.relative_to(corpus).as_posix()
         text = p.read_text(encoding="utf-8")
         tree = parser_for(language_for(rel)).parse(text.encode("utf-8", errors="surrogatepass"))
-        units += [(rel, f.start + 1, f.end + 1, se._without_comments(rel, text, f, tree))
+        units += [se.Unit(rel, f.start + 1, f.end + 1, se._without_comments(rel, text, f, tree))
                   for f in se.functions(rel, text, tree)]
-    cached = CachedEmbedder(emb, work / "vector-cache" / f"naive-{_slug(emb)}.npz")
     print(f"naive baseline: {len(units)} functions", flush=True)
-    vecs = cached.encode([u[3] for u in units], on_batch=None)
+    cached = CachedEmbedder(emb, work / "vector-cache" / f"naive-{_slug(emb)}.npz")
+    ranked = se.naive_dense(units, queries, cached, 10)
     cached.save()
-    sims = cached.encode([q.query for q in queries]) @ vecs.T
-    out = []
-    for q, s in zip(queries, sims, strict=True):
-        top = (-s).argsort(kind="stable")[:10]
-        out.append([_overlaps(units[i][0], units[i][1], units[i][2], q) for i in top])
-    return out
+    return [[_overlaps(units[i].path, units[i].start_line, units[i].end_line, q) for i in idx]
+            for q, idx in zip(queries, ranked, strict=True)]
 
 
 def cmd_quality(args) -> None:

@@ -370,12 +370,14 @@ def naive_rankings(
     units: list[Unit], queries: list[Query], emb, n: int = 100
 ) -> tuple[list[list[int]], list[list[int]]]:
     """(dense ranking, BM25 ranking) of unit indices per query."""
-    vecs = emb.encode([u.text for u in units])
-    qv = emb.encode([q.query for q in queries])
-    sims = qv @ vecs.T
-    dense = [list(np.argsort(-s, kind="stable")[:n]) for s in sims]
     bm25 = NaiveBM25([u.text for u in units])
-    return dense, [bm25.search(q.query, n) for q in queries]
+    return naive_dense(units, queries, emb, n), [bm25.search(q.query, n) for q in queries]
+
+
+def naive_dense(units: list[Unit], queries, emb, n: int = 100) -> list[list[int]]:
+    """The naive baseline's dense ranking: unit indices per query, by cosine."""
+    sims = emb.encode([q.query for q in queries]) @ emb.encode([u.text for u in units]).T
+    return [list(np.argsort(-s, kind="stable")[:n]) for s in sims]
 
 
 def is_dev(path: str) -> bool:
