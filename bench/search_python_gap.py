@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from index.chunker import approx_tokens  # noqa: E402
-from index.code_index import Weights  # noqa: E402
+from index.code_index import Weights, collapse  # noqa: E402
 
 SETS = ("python", "c", "java", "javascript", "typescript", "rust", "jdk", "jdk-doc", "quality")
 CLASS = re.compile(r"^\s*(?:@\w+.*\n\s*)*(?:(?:export|public|abstract|final|private|protected|static|default)\s+)*"
@@ -33,7 +33,8 @@ PROPERTY = re.compile(r"^\s*@property\b")
 def save_cases(model: str, out: Path) -> None:
     from bench import corpus as corpus_mod
     from bench import search_eval as se
-    from bench.search import DEFAULT_WORK, CachedEmbedder, _overlaps, _slug
+    from bench.search import DEFAULT_WORK, CachedEmbedder, _slug
+    from bench.search_fusion import right_ids
     from index.code_index import CodeIndex, per_definition
     from index.embed import load_embedder
 
@@ -53,11 +54,8 @@ def save_cases(model: str, out: Path) -> None:
         cases = []
         for qi, q in enumerate(queries):
             d, lx, _ = per_definition(list(cands[qi]), rows)
-            right = {i for i in {*d[0], *lx[0]} if i in rows and
-                     _overlaps(rows[i].path, rows[i].start_line, rows[i].end_line, q)}
-            cases.append((d, lx, right))
-        info = {i: (r.path, r.unit, r.text) for i, r in rows.items()}
-        data[name] = (cases, info)
+            cases.append((d, lx, right_ids({*d[0], *lx[0]}, rows, q)))
+        data[name] = (cases, rows)
         ix.close()
         print(f"{name}: {len(cases)} queries", flush=True)
     emb.save()
@@ -103,15 +101,14 @@ def class_cases(model: str) -> dict:
         for name, hi in (("classes", line), ("classes-any", end)):
             out[name].append((d, lx, {i for i in ids if rows[i].path == rel and
                                        rows[i].start_line <= hi and rows[i].end_line >= line}))
-    info = {i: (r.path, r.unit, r.text) for i, r in rows.items()}
     ix.close()
     print(f"class queries: {len(found)}", flush=True)
-    return {name: (cases, info) for name, cases in out.items()}
+    return {name: (cases, rows) for name, cases in out.items()}
 
 
-def mrr(cases, info, adjust=None, fusion: Weights | None = Weights()) -> float:
-    """MRR@10 of the fused (or, with fusion None, the dense) list after `adjust(chunk id)` is added to
-    each dense score."""
+def mrr(cases, rows, adjust=None, fusion: Weights | None = Weights()) -> float:
+    """MRR@10 of the fused (or, with fusion None, the dense) list, one result per definition as
+    `semantic_search` returns them, after `adjust(chunk id)` is added to each dense score."""
     total = 0.0
     for (d_ids, d_sc), lx, right in cases:
         if adjust is not None:
@@ -119,21 +116,8 @@ def mrr(cases, info, adjust=None, fusion: Weights | None = Weights()) -> float:
             order = sorted(range(len(d_ids)), key=lambda k: -d_sc[k])
             d_ids, d_sc = [d_ids[k] for k in order], [d_sc[k] for k in order]
         ids = d_ids if fusion is None else [c for c, _ in fusion.fuse((d_ids, d_sc), lx, ([], []))]
-        seen, pos = set(), 0
-        for c in ids:
-            path, unit, _ = info.get(c, (None, None, None))
-            if path is None:
-                continue
-            key = (path, unit) if unit else c
-            if key in seen:
-                continue
-            seen.add(key)
-            if c in right:
-                total += 1 / (pos + 1)
-                break
-            pos += 1
-            if pos == 10:
-                break
+        hits = [c for c, _ in collapse([(c, 0.0) for c in ids], rows)[:10]]
+        total += next((1 / (pos + 1) for pos, c in enumerate(hits) if c in right), 0.0)
     return 100 * total / max(len(cases), 1)
 
 
@@ -151,33 +135,33 @@ def main() -> None:
     if "classes" not in data:
         data.update(class_cases(a.model))
         path.write_bytes(pickle.dumps(data))
-    size = {n: {i: sum(approx_tokens(t.splitlines())) for i, (_, _, t) in info.items()} for n, (_, info) in data.items()}
+    size = {n: {i: sum(approx_tokens(r.text.splitlines())) for i, r in rows.items()} for n, (_, rows) in data.items()}
     base = {n: mrr(*data[n]) for n in data}
     print("shipped fusion: " + "  ".join(f"{n} {v:.1f}" for n, v in base.items()))
     print("dense list alone: " + "  ".join(f"{n} {mrr(*data[n], fusion=None):.1f}" for n in data))
 
     def row(label, adjust_for=None, fusion=Weights(), dense=False):
         vals = []
-        for n, (cases, info) in data.items():
-            adj = adjust_for(n, info) if adjust_for else None
-            vals.append(mrr(cases, info, adj, None if dense else fusion) - (mrr(cases, info, fusion=None) if dense else base[n]))
+        for n, (cases, rows) in data.items():
+            adj = adjust_for(n, rows) if adjust_for else None
+            vals.append(mrr(cases, rows, adj, None if dense else fusion) - (mrr(cases, rows, fusion=None) if dense else base[n]))
         print(f"{label:<50}" + "  ".join(f"{n} {v:+.1f}" for n, v in zip(data, vals, strict=True)))
 
-    def functions_only(n, info):  # what the naive list holds: no classes, no code outside definitions
-        return lambda i: -10.0 if i in info and (not info[i][1] or CLASS.match(info[i][2])) else 0.0
+    def functions_only(n, rows):  # what the naive list holds: no classes, no code outside definitions
+        return lambda i: -10.0 if i in rows and (not rows[i].unit or CLASS.match(rows[i].text)) else 0.0
 
     print("\ndifferences from the shipped ranking (dense rows: from the dense list alone)")
     row("dense, classes and outside code left out", functions_only, dense=True)
     row("fused, classes and outside code left out", functions_only)
     for kind, pat in (("classes", CLASS), ("@property methods", PROPERTY)):
         for b in (0.03, 0.1):
-            row(f"fused, {kind} -{b}", lambda n, info, pat=pat, b=b:
-                (lambda i: -b if i in info and pat.match(info[i][2]) else 0.0))
-    row("fused, classes and @property methods -1", lambda n, info: (
-        lambda i: -1.0 if i in info and (CLASS.match(info[i][2]) or PROPERTY.match(info[i][2])) else 0.0))
+            row(f"fused, {kind} -{b}", lambda n, rows, pat=pat, b=b:
+                (lambda i: -b if i in rows and pat.match(rows[i].text) else 0.0))
+    row("fused, classes and @property methods -1", lambda n, rows: (
+        lambda i: -1.0 if i in rows and (CLASS.match(rows[i].text) or PROPERTY.match(rows[i].text)) else 0.0))
     for t in (24, 48):
         for b in (0.02, 0.04):
-            row(f"fused, chunks under {t} tokens -{b}*(1-size/{t})", lambda n, info, t=t, b=b:
+            row(f"fused, chunks under {t} tokens -{b}*(1-size/{t})", lambda n, rows, t=t, b=b:
                 (lambda i: -b * max(0.0, (t - size[n].get(i, t)) / t)))
     for w in (Weights("abs", 0.7, 0.3), Weights("abs", 0.75, 0.25), Weights("abs", 0.6, 0.4),
               Weights("abs", 0.65, 0.35, power=1.5), Weights("abs", 0.65, 0.35, power=2),
