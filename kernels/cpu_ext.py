@@ -2,6 +2,9 @@
 
     paged_decode_attention(q_BHC, k_cache_SGC, v_cache_SGC, tables_BN, lens_B, block_size, scale)
         decode attention reading the paged KV cache in place (see kernels/cpu_attention.py)
+    few_query_attention(q_QHC, k_cache_SGC, v_cache_SGC, slots_L, scale) -> o_QHC
+        one sequence's last Q queries (a batch-1 decode, a draft verified) over its paged keys, float64
+        throughout: the built-in model as served, which the float32 kernels below cannot take
     attention_prologue(qkv_TN, q_norm_C, k_norm_C, eps, cos_TC, sin_TC, k_cache, v_cache, slots_T, H) -> q_THC
         q/k RMSNorm, rotary embedding and the KV-cache write of one attention layer, one pass per token
     moe_experts(x_TD, ids_TK, weights_TK, w13t_EDN, w2t_EID) -> out_TD
@@ -44,7 +47,8 @@ import torch
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = [CSRC / "bindings.cpp", CSRC / "paged_attention_cpu.cpp", CSRC / "attention_prologue_cpu.cpp",
+SOURCES = [CSRC / "bindings.cpp", CSRC / "paged_attention_cpu.cpp", CSRC / "few_query_attention_cpu.cpp",
+           CSRC / "attention_prologue_cpu.cpp",
            CSRC / "moe_cpu.cpp", CSRC / "decode_layers_cpu.cpp"]
 HEADERS = [CSRC / "kernels.h", CSRC / "onednn_linear.h"]
 _ARCH_FLAGS = {"AVX2": ["-mavx2", "-mfma", "-mf16c"],

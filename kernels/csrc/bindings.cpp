@@ -10,6 +10,8 @@
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &composer::paged_decode_attention, py::call_guard<py::gil_scoped_release>(),
         "decode attention reading the paged KV cache in place (paged_attention_cpu.cpp)");
+  m.def("few_query_attention", &composer::few_query_attention, py::call_guard<py::gil_scoped_release>(),
+        "one sequence's last few queries over its paged keys, in float64 (few_query_attention_cpu.cpp)");
   m.def("attention_prologue", &composer::attention_prologue, py::call_guard<py::gil_scoped_release>(),
         "q/k RMSNorm, rotary embedding and the KV-cache write of one attention layer (attention_prologue_cpu.cpp)");
   m.def("moe_experts", &composer::moe_experts, py::call_guard<py::gil_scoped_release>(),

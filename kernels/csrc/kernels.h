@@ -11,6 +11,7 @@
 namespace composer {
 at::Tensor paged_decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor tables,
                                   at::Tensor lens, int64_t block_size, double scale);
+at::Tensor few_query_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor slots, double scale);
 at::Tensor moe_experts(at::Tensor x, at::Tensor ids, at::Tensor weights, at::Tensor w13b, at::Tensor w2b);
 int64_t moe_block_columns();
 std::string moe_float32_gemm();

@@ -13,6 +13,7 @@ graphs on a GPU, sampling on the device), taken where `static` is set up and the
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -37,7 +38,8 @@ class StaticConfig:
 
 class ModelRunner:
     def __init__(self, model: Qwen3MoeModel, num_blocks: int, block_size: int, device: torch.device,
-                 kv_dtype: torch.dtype, cpu_kernels: ModuleType | None = None, static: StaticConfig | None = None):
+                 kv_dtype: torch.dtype, cpu_kernels: ModuleType | None = None, static: StaticConfig | None = None,
+                 few_query_kernel: Callable | None = None):
         cfg = model.cfg
         self.model, self.block_size, self.device = model, block_size, device
         self.pad_slot = num_blocks * block_size
@@ -48,6 +50,8 @@ class ModelRunner:
         self._offsets = torch.arange(block_size)
         # kernels/cpu_ext.py's module (CPU, where built): decode attention then reads the pages in place
         self.cpu_kernels = cpu_kernels
+        # a float64 model's few-query attention in C++ (kernels/cpu_ext.py few_query_attention), where built
+        self.few_query_kernel = few_query_kernel
         self._slot_cache: dict[int, tuple[list[int], torch.Tensor]] = {}
         # routing replay: per cache slot, the experts each MoE layer chose for the token there (a prefix-cache
         # hit keeps the routes of the pass that computed its K/V, as it keeps the K/V)
@@ -136,7 +140,8 @@ class ModelRunner:
                 logits_rows += range(row + n - 1 - len(seq.draft), row + n)
         dev = self.device
         meta = AttnMeta(slot_mapping_T=torch.cat(slot_map).to(dev), prefill=prefill,
-                        decode_rows_B=torch.tensor(decode_rows, dtype=torch.long, device=dev), routes_SMK=self.routes)
+                        decode_rows_B=torch.tensor(decode_rows, dtype=torch.long, device=dev), routes_SMK=self.routes,
+                        few_query_kernel=self.few_query_kernel)
         if self.cpu_kernels is not None:
             width = max((len(t) for t in decode_tables), default=0)
             meta.cpu_kernels, meta.block_size = self.cpu_kernels, self.block_size

@@ -203,11 +203,14 @@ class NativeEngine(Engine):
         else:
             self.model = load_model(model_dir, device=self.device, dtype=self.dtype, quant=self.quant,
                                     keep_fp8=self._keep_fp8())
-        # float64 (served so that greedy output is the same on every CPU) runs torch's paths: the C++
-        # kernels accumulate in float32 and take bfloat16 or float32; batch-invariant numerics too
+        # float64 (served so that greedy output is the same on every CPU) runs torch's paths but for its
+        # few-query attention (a float64 kernel): the other C++ kernels accumulate in float32 and take
+        # bfloat16 or float32. Batch-invariant numerics run torch's paths only.
         self.kernels_wanted = (self.device.type == "cpu" and c.cpu_kernels and not c.batch_invariant
-                               and self.dtype in (torch.bfloat16, torch.float32))
-        self.cpu_kernels = cpu_ext.load() if self.kernels_wanted else None
+                               and self.dtype in (torch.bfloat16, torch.float32, torch.float64))
+        built = cpu_ext.load() if self.kernels_wanted else None
+        self.cpu_kernels = built if self.dtype != torch.float64 else None
+        self.few_query_kernel = getattr(built, "few_query_attention", None) if self.dtype == torch.float64 else None
         self.packing = self._prepare(self.model)
         self.policy_version = read_policy_version(model_dir) or 0
         self.max_model_len = c.max_model_len or self.model.cfg.max_position_embeddings
@@ -230,7 +233,7 @@ class NativeEngine(Engine):
         self.runner = ModelRunner(self.model, num_blocks, c.block_size, self.device, self.dtype, self.cpu_kernels,
                                   StaticConfig(c.max_num_seqs, self.max_model_len, graphs=not c.enforce_eager,
                                                max_draft=c.spec.num_tokens if c.spec.on else 0)
-                                  if static else None)
+                                  if static else None, few_query_kernel=self.few_query_kernel)
         self.kv_cache_bytes = num_blocks * c.block_size * per_token
 
     def _prepare(self, model) -> str:
@@ -286,12 +289,14 @@ class NativeEngine(Engine):
                 f"{self.kv_cache_bytes / 2**20:.1f} MiB ({len(self.blocks.blocks) * self.config.block_size} tokens)"
                 + (f"; {self.packing}" if self.packing else "") + describe_checkpoint(self.model)
                 + ("; decode attention: paged CPU kernel" if self.runner.cpu_kernels is not None else "")
+                + ("; batch-1 decode and verify attention: float64 CPU kernel"
+                   if self.runner.few_query_kernel is not None else "")
                 + (f"; {self.runner.static.describe()}" if self.runner.static is not None else "")
                 + ("; decode steps: every layer in one C++ call"
                    if self.model.decode_plan(self.runner.cpu_kernels) is not None else "")
                 + (f"; {self.spec.describe()}" if self.spec is not None else "")
                 + ("; CPU kernels not built yet (torch paths; `python -m kernels.cpu_ext` builds them)"
-                   if self.kernels_wanted and self.cpu_kernels is None else ""))
+                   if self.kernels_wanted and self.cpu_kernels is None and self.few_query_kernel is None else ""))
 
     def stats(self) -> EngineStats:
         waiting = len(self.scheduler.waiting) + self._inbox.qsize() + len(self._held)

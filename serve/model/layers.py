@@ -12,6 +12,7 @@ decode-only steps go through serve/model/decode.py, whose attention reads the pa
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -109,6 +110,9 @@ class AttnMeta:
     decode_slots_BL: torch.Tensor | None = None  # padded cache slots of each decode sequence (torch path)
     decode_mask_B1L: torch.Tensor | None = None  # True where a decode query may attend (torch path)
     cpu_kernels: ModuleType | None = None  # kernels/cpu_ext.py's module: decode reads pages in place, etc.
+    few_query_kernel: Callable | None = None
+    """kernels/cpu_ext.py's few_query_attention (float64, pages read in place), where built: a float64
+    model's few-query attention then runs it instead of gathering the pages (`few_rows`)."""
     decode_tables_BN: torch.Tensor | None = None  # padded block tables of the decode sequences (kernel)
     decode_lens_B: torch.Tensor | None = None  # tokens each decode sequence attends to (kernel)
     block_size: int = 0
@@ -128,8 +132,7 @@ def paged_attention(q_THC: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         only_decode = not meta.prefill and B == T  # every row decodes, in order: no gather or scatter of q
         q_BHC = q_THC if only_decode else q_THC.index_select(0, meta.decode_rows_B)
         if B == 1 and few_queries(q_BHC, 1, exact) and meta.cpu_kernels is None:  # one sequence: no padding, no mask
-            o_BHC = few_query_attention(q_BHC, k_cache.index_select(0, meta.decode_slots_BL[0]),
-                                        v_cache.index_select(0, meta.decode_slots_BL[0]))
+            o_BHC = few_rows(q_BHC, k_cache, v_cache, meta.decode_slots_BL[0], meta)
         elif meta.cpu_kernels is not None and not exact:  # CPU: read each sequence's pages in place
             o_BHC = meta.cpu_kernels.paged_decode_attention(q_BHC, k_cache, v_cache, meta.decode_tables_BN,
                                                               meta.decode_lens_B, meta.block_size,
@@ -155,9 +158,8 @@ def paged_attention(q_THC: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         out_THC.index_copy_(0, meta.decode_rows_B, o_BHC)
     for s in meta.prefill:
         if s.ctx_len > s.q_len and few_queries(q_THC, s.q_len, exact):  # e.g. verifying a draft after a cache
-            out_THC[s.start : s.start + s.q_len] = few_query_attention(
-                q_THC[s.start : s.start + s.q_len], k_cache.index_select(0, s.slots_L),
-                v_cache.index_select(0, s.slots_L), s.ctx_len - s.q_len)
+            out_THC[s.start : s.start + s.q_len] = few_rows(q_THC[s.start : s.start + s.q_len], k_cache, v_cache,
+                                                            s.slots_L, meta)
             continue
         q_HQC = q_THC[s.start : s.start + s.q_len].transpose(0, 1)
         k_GLC = k_cache.index_select(0, s.slots_L).transpose(0, 1)
@@ -203,6 +205,19 @@ FEW_QUERIES = 16
 def few_queries(q: torch.Tensor, q_len: int, exact: bool | str) -> bool:
     return (not exact and q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
             and q_len <= FEW_QUERIES)
+
+
+def few_rows(q_QHC: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots_L: torch.Tensor,
+             meta: AttnMeta) -> torch.Tensor:
+    """One sequence's last Q query rows over the keys at `slots_L` (its whole context, the Q new tokens
+    last): the float64 C++ kernel where the runner has it (reads the pages in place: 2-3x faster than the
+    gather and matmuls below at the built-in model's shape, BENCHMARKS.md), else `few_query_attention` on
+    the gathered keys and values."""
+    if (meta.few_query_kernel is not None and q_QHC.dtype == torch.float64 and q_QHC.shape[-1] % 8 == 0
+            and k_cache.is_contiguous() and v_cache.is_contiguous()):
+        return meta.few_query_kernel(q_QHC, k_cache, v_cache, slots_L, q_QHC.shape[-1] ** -0.5)
+    return few_query_attention(q_QHC, k_cache.index_select(0, slots_L), v_cache.index_select(0, slots_L),
+                               slots_L.shape[0] - q_QHC.shape[0])
 
 
 def few_query_attention(q_QHC: torch.Tensor, k_LGC: torch.Tensor, v_LGC: torch.Tensor, cached: int = 0) -> torch.Tensor:

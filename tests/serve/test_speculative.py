@@ -223,3 +223,29 @@ def test_float32_with_the_cpu_kernels_verifies_with_the_plain_tokens():
     finally:
         asyncio.run(plain.stop())
         asyncio.run(spec.stop())
+
+
+def test_float64_with_the_few_query_kernel_verifies_with_the_torch_paths_tokens():
+    """The built-in model as served (float64) takes the C++ few-query attention where built, for its batch-1
+    decodes and its drafts' rows alike: the same greedy tokens and log-probs (1e-9) as the torch paths
+    without speculation."""
+    from kernels import cpu_ext
+
+    if cpu_ext.load(build_in_background=False) is None:
+        pytest.skip("our CPU kernels are not built on this machine (tests/kernels builds them)")
+    torch_paths = NativeEngine(str(BUILTIN_DIR), EngineConfig(dtype="float64", max_num_seqs=8, cpu_kernels=False))
+    kernel = NativeEngine(str(BUILTIN_DIR), EngineConfig(dtype="float64", max_num_seqs=8, speculative="suffix",
+                                                         speculative_adaptive=False))
+    try:
+        assert "float64 CPU kernel" in kernel.describe() and "CPU kernel" not in torch_paths.describe()
+        params = SamplingParams(max_tokens=50, temperature=0.0, logprobs=True)
+        ps = prompts()[1:3]  # one at a time: batch-1 steps, the kernel's
+        want = [run_all(torch_paths, [p], params)[0] for p in ps]
+        got = [run_all(kernel, [p], params)[0] for p in ps]
+        assert [[t.id for t in s] for s in got] == [[t.id for t in s] for s in want]
+        for gs, ws in zip(got, want, strict=True):
+            assert [t.logprob for t in gs] == pytest.approx([t.logprob for t in ws], abs=1e-9)
+        assert kernel.spec.accepted > 0
+    finally:
+        asyncio.run(torch_paths.stop())
+        asyncio.run(kernel.stop())
