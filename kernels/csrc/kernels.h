@@ -13,6 +13,7 @@ at::Tensor paged_decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v
                                   at::Tensor lens, int64_t block_size, double scale);
 at::Tensor few_query_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor slots, double scale);
 at::Tensor moe_experts(at::Tensor x, at::Tensor ids, at::Tensor weights, at::Tensor w13b, at::Tensor w2b);
+at::Tensor moe_experts_f64(at::Tensor x, at::Tensor ids, at::Tensor weights, at::Tensor w13, at::Tensor w2);
 int64_t moe_block_columns();
 std::string moe_float32_gemm();
 at::Tensor attention_prologue(at::Tensor qkv, at::Tensor q_norm, at::Tensor k_norm, double eps, at::Tensor cos,

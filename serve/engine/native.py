@@ -210,7 +210,8 @@ class NativeEngine(Engine):
                                and self.dtype in (torch.bfloat16, torch.float32, torch.float64))
         built = cpu_ext.load() if self.kernels_wanted else None
         self.cpu_kernels = built if self.dtype != torch.float64 else None
-        self.few_query_kernel = getattr(built, "few_query_attention", None) if self.dtype == torch.float64 else None
+        self.f64_kernels = built if self.dtype == torch.float64 else None  # few-query attention and experts
+        self.few_query_kernel = getattr(self.f64_kernels, "few_query_attention", None)
         self.packing = self._prepare(self.model)
         self.policy_version = read_policy_version(model_dir) or 0
         self.max_model_len = c.max_model_len or self.model.cfg.max_position_embeddings
@@ -250,7 +251,8 @@ class NativeEngine(Engine):
             dense = (f"{n} dense layers in block FP8" + ("" if self._keep_fp8() else f" values (held in {self.serve_dtype})")
                      + f", relative RMS error <= {err:.4f}; ")
             log.info("--quant-dense fp8: %s", dense.rstrip("; "))
-        done = model.pack_for_cpu(cpu_kernels=self.cpu_kernels) if self.device.type == "cpu" and self.config.cpu_pack \
+        done = model.pack_for_cpu(cpu_kernels=self.cpu_kernels or self.f64_kernels) \
+            if self.device.type == "cpu" and self.config.cpu_pack \
             else ""
         if self.device.type == "cpu" and _dequantize_experts(model, self.dtype):
             done += ("; " if done else "") + f"MXFP8 experts also held in {self.serve_dtype}"

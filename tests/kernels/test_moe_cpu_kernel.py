@@ -213,3 +213,47 @@ def test_the_kernel_lets_other_python_threads_run(kernels, block):
     worker.join()
     assert timing["call"] > 0.02, "too little work to tell"
     assert longest < timing["call"] / 2, f"this thread stalled {longest:.3f} s of a {timing['call']:.3f} s call"
+
+
+# The float64 few-row expert kernel (csrc/moe_f64_cpu.cpp), on the checkpoint's plain weights, against the
+# grouped torch path a float64 server ran before it (kernels/moe_reference.py moe_grouped_cpu).
+
+
+def f64_case(T: int, E: int, K: int, D: int, inter: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    w13 = torch.randn(E, 2 * inter, D, generator=g, dtype=torch.float64) / 8
+    w2 = torch.randn(E, D, inter, generator=g, dtype=torch.float64) / 8
+    x = torch.randn(T, D, generator=g, dtype=torch.float64)
+    weights, ids = torch.softmax(torch.randn(T, E, generator=g, dtype=torch.float64), -1).topk(K, -1)
+    return x, ids.contiguous(), weights.contiguous(), w13, w2
+
+
+@pytest.mark.parametrize(("E", "K", "D", "inter"), [(8, 2, 128, 128), (16, 4, 64, 24), (4, 1, 8, 8), (6, 3, 40, 56)])
+@pytest.mark.parametrize("T", [1, 2, 5, 16, 40])
+def test_f64_kernel_matches_the_grouped_path(kernels, E, K, D, inter, T):
+    from kernels.moe_reference import moe_grouped_cpu
+
+    x, ids, weights, w13, w2 = f64_case(T, E, K, D, inter, seed=T * E + D)
+    got = kernels.moe_experts_f64(x, ids, weights, w13, w2)
+    want = moe_grouped_cpu(x, ids, weights, w13, w2)
+    torch.testing.assert_close(got, want, atol=1e-13 * want.abs().max().item(), rtol=1e-12)
+
+
+def test_f64_kernel_rows_do_not_depend_on_the_batch(kernels):
+    x, ids, weights, w13, w2 = f64_case(9, 8, 2, 128, 128, seed=4)
+    together = kernels.moe_experts_f64(x, ids, weights, w13, w2)
+    for t in range(9):
+        alone = kernels.moe_experts_f64(x[t : t + 1], ids[t : t + 1], weights[t : t + 1], w13, w2)
+        assert torch.equal(together[t], alone[0]), t
+
+
+def test_f64_kernel_refuses_what_it_cannot_take(kernels):
+    x, ids, weights, w13, w2 = f64_case(3, 8, 2, 16, 16, seed=5)
+    with pytest.raises(RuntimeError, match="float64 only"):
+        kernels.moe_experts_f64(x.float(), ids, weights.float(), w13.float(), w2.float())
+    with pytest.raises(RuntimeError, match="outside 0..7"):
+        kernels.moe_experts_f64(x, torch.full_like(ids, 8), weights, w13, w2)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        kernels.moe_experts_f64(x, ids, weights, w13.transpose(1, 2).contiguous().transpose(1, 2), w2)
+    with pytest.raises(RuntimeError, match="multiples of 8"):
+        kernels.moe_experts_f64(*f64_case(2, 4, 1, 12, 8, seed=6))

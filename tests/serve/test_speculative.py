@@ -225,10 +225,10 @@ def test_float32_with_the_cpu_kernels_verifies_with_the_plain_tokens():
         asyncio.run(spec.stop())
 
 
-def test_float64_with_the_few_query_kernel_verifies_with_the_torch_paths_tokens():
-    """The built-in model as served (float64) takes the C++ few-query attention where built, for its batch-1
-    decodes and its drafts' rows alike: the same greedy tokens and log-probs (1e-9) as the torch paths
-    without speculation."""
+def test_float64_with_its_cpu_kernels_verifies_with_the_torch_paths_tokens():
+    """The built-in model as served (float64) takes the float64 C++ kernels where built (few-query attention
+    and the experts' few rows), for its batch-1 decodes and its drafts' rows alike: the same greedy tokens
+    and log-probs (1e-9) as the torch paths without speculation."""
     from kernels import cpu_ext
 
     if cpu_ext.load(build_in_background=False) is None:
@@ -237,7 +237,8 @@ def test_float64_with_the_few_query_kernel_verifies_with_the_torch_paths_tokens(
     kernel = NativeEngine(str(BUILTIN_DIR), EngineConfig(dtype="float64", max_num_seqs=8, speculative="suffix",
                                                          speculative_adaptive=False))
     try:
-        assert "float64 CPU kernel" in kernel.describe() and "CPU kernel" not in torch_paths.describe()
+        assert "attention: float64 CPU kernel" in kernel.describe() and "CPU kernel" not in torch_paths.describe()
+        assert "experts' decode rows in the float64 CPU kernel" in kernel.describe()
         params = SamplingParams(max_tokens=50, temperature=0.0, logprobs=True)
         ps = prompts()[1:3]  # one at a time: batch-1 steps, the kernel's
         want = [run_all(torch_paths, [p], params)[0] for p in ps]

@@ -1,8 +1,10 @@
-"""A float64 step's few-query attention in C++ (kernels/csrc/few_query_attention_cpu.cpp, now: B) against the
-torch path that gathers the pages and runs two batched matmuls (before: A): one step of the built-in model
-(float64, one thread) at 1-9 query rows of one sequence (a decode, or a draft verified) after CONTEXT tokens,
-alternating A and B step by step in one process; their log-probs agree to 1e-9 (checked every step). Issue 50
-(BENCHMARKS, speculative decoding). Usage: python bench/serve-results/few_query_ab.py N_STEPS [CONTEXT ...]."""
+"""A float64 step with its C++ kernels (now: B; kernels/csrc/few_query_attention_cpu.cpp, the few-query
+attention reading the pages in place, and kernels/csrc/moe_f64_cpu.cpp, the experts' few rows) against the
+torch paths (before: A; the attention `ARMS=attention` or the experts `ARMS=experts` alone with the kernel
+in both arms otherwise): one step of the built-in model (float64, one thread) at 1-9 query rows of one
+sequence (a decode, or a draft verified) after CONTEXT tokens, alternating A and B step by step in one
+process; their log-probs agree to 1e-9 (checked every step). Issue 50 (BENCHMARKS, speculative decoding).
+Usage: [ARMS=both|attention|experts] python bench/serve-results/f64_kernels_ab.py N_STEPS [CONTEXT ...]."""
 
 # ruff: noqa: E402 (the repository root goes on sys.path first)
 import asyncio
@@ -23,8 +25,18 @@ from serve.engine.base import SamplingParams
 from serve.engine.native import EngineConfig, NativeEngine
 from serve.engine.sequence import Sequence
 
-kernel = cpu_ext.build().few_query_attention
+module = cpu_ext.build()
 E = NativeEngine(str(BUILTIN_DIR), EngineConfig(dtype="float64", max_num_seqs=8))
+ARMS = os.environ.get("ARMS", "both")
+
+
+def use(m: str) -> None:
+    """Arm B: the kernels; arm A: torch's path for what ARMS names, the kernel for the rest."""
+    E.runner.few_query_kernel = module.few_query_attention if m == "B" or ARMS == "experts" else None
+    for moe in E.model.moe_layers():
+        moe.few_rows_f64 = module.moe_experts_f64 if m == "B" or ARMS == "attention" else None
+
+
 rng = random.Random(0)
 ROWS = (1, 2, 3, 5, 9)
 for context in [int(x) for x in sys.argv[2:]] or [1400]:
@@ -40,7 +52,7 @@ for context in [int(x) for x in sys.argv[2:]] or [1400]:
             draft = [rng.randrange(10, 4000) for _ in range(r - 1)]
             out = {}
             for m in "AB" if i % 2 else "BA":
-                E.runner.few_query_kernel = kernel if m == "B" else None
+                use(m)
                 s.draft = list(draft)
                 t = time.thread_time()
                 _, lg = E.runner.run([(s, r)])
@@ -50,7 +62,7 @@ for context in [int(x) for x in sys.argv[2:]] or [1400]:
             assert (out["A"] - out["B"]).abs().max() < 1e-9
     for r in ROWS:
         a, b = res[("A", r)], res[("B", r)]
-        print(f"context {context}, rows {r}: before {statistics.median(a) * 1e3:.2f} ms (min {min(a) * 1e3:.2f}), now "
+        print(f"{ARMS}: context {context}, rows {r}: before {statistics.median(a) * 1e3:.2f} ms (min {min(a) * 1e3:.2f}), now "
               f"{statistics.median(b) * 1e3:.2f} ms (min {min(b) * 1e3:.2f}): {statistics.median(b) / statistics.median(a):.3f}x",
               flush=True)
     E.blocks.free(s)
