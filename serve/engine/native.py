@@ -203,9 +203,9 @@ class NativeEngine(Engine):
         else:
             self.model = load_model(model_dir, device=self.device, dtype=self.dtype, quant=self.quant,
                                     keep_fp8=self._keep_fp8())
-        # float64 (served so that greedy output is the same on every CPU) runs torch's paths but for its
-        # few-query attention (a float64 kernel): the other C++ kernels accumulate in float32 and take
-        # bfloat16 or float32. Batch-invariant numerics run torch's paths only.
+        # float64 (served so that greedy output is the same on every CPU) runs torch's paths but for two
+        # float64 kernels (a batch-1 step's attention, a few rows' experts): the other C++ kernels
+        # accumulate in float32 and take bfloat16 or float32. Batch-invariant numerics: torch's paths only.
         self.kernels_wanted = (self.device.type == "cpu" and c.cpu_kernels and not c.batch_invariant
                                and self.dtype in (torch.bfloat16, torch.float32, torch.float64))
         built = cpu_ext.load() if self.kernels_wanted else None
