@@ -53,7 +53,7 @@ CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / "bindings.cpp", CSRC / "paged_attention_cpu.cpp", CSRC / "few_query_attention_cpu.cpp",
            CSRC / "attention_prologue_cpu.cpp",
            CSRC / "moe_cpu.cpp", CSRC / "moe_f64_cpu.cpp", CSRC / "decode_layers_cpu.cpp"]
-HEADERS = [CSRC / "kernels.h", CSRC / "onednn_linear.h"]
+HEADERS = [CSRC / "kernels.h", CSRC / "onednn_linear.h", CSRC / "vec_f64.h"]
 _ARCH_FLAGS = {"AVX2": ["-mavx2", "-mfma", "-mf16c"],
                "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma", "-mf16c"]}
 _lock = threading.Lock()

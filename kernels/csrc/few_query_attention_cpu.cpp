@@ -29,21 +29,17 @@
 #include <vector>
 
 #include "kernels.h"
+#include "vec_f64.h"
 
 namespace composer {
 namespace {
 
-#ifdef __AVX512F__
-constexpr int64_t VW = 8;  // float64 lanes of a vector register
-#else
-constexpr int64_t VW = 4;
-#endif
-typedef double vd __attribute__((vector_size(VW * 8)));  // GCC/Clang vector type, one register wide
+using f64::loadv;
+using f64::storev;
+using f64::vd;
+using f64::VW;
 constexpr int64_t KEYS = VW;    // keys per score vector
 constexpr int64_t CHUNK = 64;   // keys per chunk: its scores stay in L1 (online softmax across chunks)
-
-inline __attribute__((always_inline)) vd loadv(const double* x) { vd r; std::memcpy(&r, x, sizeof r); return r; }
-inline __attribute__((always_inline)) void storev(double* x, vd r) { std::memcpy(x, &r, sizeof r); }
 
 // exp(x) for x <= 0 (a score minus its row's running maximum), vectorisable: x = n ln2 + r, |r| <= ln2 / 2,
 // e^r by its Taylor series to r^12 / 12! (truncation < 2e-16 relative), 2^n written into the exponent bits.

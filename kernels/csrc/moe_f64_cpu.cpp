@@ -23,18 +23,14 @@
 #include <vector>
 
 #include "kernels.h"
+#include "vec_f64.h"
 
 namespace composer {
 namespace {
 
-#ifdef __AVX512F__
-constexpr int64_t VW = 8;  // float64 lanes of a vector register
-#else
-constexpr int64_t VW = 4;
-#endif
-typedef double vd __attribute__((vector_size(VW * 8)));  // GCC/Clang vector type, one register wide
-
-inline __attribute__((always_inline)) vd loadv(const double* x) { vd r; std::memcpy(&r, x, sizeof r); return r; }
+using f64::loadv;
+using f64::vd;
+using f64::VW;
 
 inline double hsum(vd v) {
   double s = 0.0;
