@@ -159,8 +159,9 @@ def launch(
         "0",
         *extra_args,
     ]
-    # The built-in model is too small for the CPU kernels to matter: its server never starts their
-    # one-time build in the background (a minute of a core, during the user's first session).
+    # The built-in model's server never starts the CPU kernels' one-time build in the background (a minute
+    # of a core, during the user's first session); it uses a build the test suite or `python -m
+    # kernels.cpu_ext` made (its float64 kernels: ~1.4x the torch paths' decode, BENCHMARKS.md).
     env = {**os.environ, "COMPOSER_SERVE_STDIN_WATCHDOG": "1", "PYTHONUNBUFFERED": "1",
            "COMPOSER_KERNEL_BUILD": os.environ.get("COMPOSER_KERNEL_BUILD", "0")}
     try:
