@@ -127,9 +127,9 @@ class DenseMLP(nn.Module):
 
 
 FEW_ROWS_F64 = 16
-"""Rows a float64 MoE layer hands to the C++ expert kernel (a batch-1 decode, a verified draft): 2.1-4.2x
-faster than the grouped torch path at 1-16 rows (the built-in model's experts, one thread), level at 64
-(a prefill's rows go to the matmuls)."""
+"""Rows a float64 MoE layer hands to the C++ expert kernel (a batch-1 decode, a verified draft): 2.1-4.1x
+faster than the grouped torch path at 1-16 rows, 0.73-1.25x at 64 (bench/serve-results/f64_kernels_mb.py;
+a prefill's rows go to the matmuls)."""
 
 
 class SparseMoE(nn.Module):
