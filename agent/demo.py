@@ -13,7 +13,8 @@ scripted expert's solutions of `bugfix` and `find-def` small tasks, then RL on b
 runs the test and reads the module in parallel, edits the buggy line, runs the test again and answers.
 It has learned the bugs of its training code, not to debug: on new tasks built from the functions and
 bugs it was trained on it goes green on 96-103 of 150 (greedy, four runs on 2026-11-29; 108-110 when it
-shipped; the failures mostly edit with a line recalled instead of the one it read), on the same code under
+shipped, on another day: the figure moves with the run's day and timings; the failures mostly edit with a
+line recalled instead of the one it read), on the same code under
 fresh names and on code it has never seen on 0 of 30.
 `--family find-def` asks "where is X defined?" instead (50 of 50 on trained code, 0 of 30 on unseen
 code). The demo's tasks are ones it gets right in every folder, on every date and CPU we tried: it is
