@@ -34,7 +34,7 @@ def use(m: str) -> None:
     """Arm B: the kernels; arm A: torch's path for what ARMS names, the kernel for the rest."""
     E.runner.few_query_kernel = module.few_query_attention if m == "B" or ARMS == "experts" else None
     for moe in E.model.moe_layers():
-        moe.few_rows_f64 = module.moe_experts_f64 if m == "B" or ARMS == "attention" else None
+        moe.cpu_kernels = module if m == "B" or ARMS == "attention" else None  # kernels/moe.py few_rows_f64
 
 
 rng = random.Random(0)

@@ -211,7 +211,6 @@ class NativeEngine(Engine):
         built = cpu_ext.load() if self.kernels_wanted else None
         self.cpu_kernels = built if self.dtype != torch.float64 else None
         self.f64_kernels = built if self.dtype == torch.float64 else None  # few-query attention and experts
-        self.few_query_kernel = getattr(self.f64_kernels, "few_query_attention", None)
         self.packing = self._prepare(self.model)
         self.policy_version = read_policy_version(model_dir) or 0
         self.max_model_len = c.max_model_len or self.model.cfg.max_position_embeddings
@@ -234,7 +233,8 @@ class NativeEngine(Engine):
         self.runner = ModelRunner(self.model, num_blocks, c.block_size, self.device, self.dtype, self.cpu_kernels,
                                   StaticConfig(c.max_num_seqs, self.max_model_len, graphs=not c.enforce_eager,
                                                max_draft=c.spec.num_tokens if c.spec.on else 0)
-                                  if static else None, few_query_kernel=self.few_query_kernel)
+                                  if static else None,
+                                  few_query_kernel=getattr(self.f64_kernels, "few_query_attention", None))
         self.kv_cache_bytes = num_blocks * c.block_size * per_token
 
     def _prepare(self, model) -> str:
@@ -298,7 +298,7 @@ class NativeEngine(Engine):
                    if self.model.decode_plan(self.runner.cpu_kernels) is not None else "")
                 + (f"; {self.spec.describe()}" if self.spec is not None else "")
                 + ("; CPU kernels not built yet (torch paths; `python -m kernels.cpu_ext` builds them)"
-                   if self.kernels_wanted and self.cpu_kernels is None and self.few_query_kernel is None else ""))
+                   if self.kernels_wanted and self.cpu_kernels is None and self.f64_kernels is None else ""))
 
     def stats(self) -> EngineStats:
         waiting = len(self.scheduler.waiting) + self._inbox.qsize() + len(self._held)

@@ -17,7 +17,6 @@ tensors into Parameters (fp32/bf16 masters); with `train_mxfp8` set they run thr
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
 from types import ModuleType
 
 import torch
@@ -126,12 +125,6 @@ class DenseMLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x_TD)) * self.up_proj(x_TD))
 
 
-FEW_ROWS_F64 = 16
-"""Rows a float64 MoE layer hands to the C++ expert kernel (a batch-1 decode, a verified draft): 2.1-4.1x
-faster than the grouped torch path at 1-16 rows, 0.73-1.25x at 64 (bench/serve-results/f64_kernels_mb.py;
-a prefill's rows go to the matmuls)."""
-
-
 class SparseMoE(nn.Module):
     """Router + experts. Expert weights live as attributes (not Parameters) so that they can be swapped
     for MXFP8Tensor at load time: w13 = gate_up_proj [E, 2I, D], w2 = down_proj [E, D, I]."""
@@ -145,7 +138,6 @@ class SparseMoE(nn.Module):
         self.train_mxfp8 = False  # training: experts through the MXFP8 straight-through path
         self.quant_cache: QuantCache | None = None  # training: the masters' MXFP8 copy, once per optimizer step
         self.cpu_kernels: ModuleType | None = None  # inference on a CPU: kernels/cpu_ext.py (pack_for_cpu)
-        self.few_rows_f64: Callable | None = None  # kernels/cpu_ext.py's moe_experts_f64 (pack_for_cpu, float64)
         self.index = 0  # among the model's MoE layers (the M of routes [T, M, K])
         self.replay_counts: torch.Tensor | None = None  # [rows replayed, of those with other experts]
         self.exact: bool | str = False  # batch-invariant numerics' mode (serve/model/numerics.py)
@@ -175,11 +167,6 @@ class SparseMoE(nn.Module):
             return numerics.moe(x_TD, ids_TK, weights_TK, w13, w2, self.exact)
         if self.train_mxfp8:
             return mxfp8_moe(x_TD, ids_TK, weights_TK, self.w13, self.w2, cache=self.quant_cache)
-        if self.few_rows_f64 is not None and x_TD.shape[0] <= FEW_ROWS_F64 and not torch.is_grad_enabled():
-            w13, w2 = (w.dense if isinstance(w, MXFP8Tensor) else w for w in (self.w13, self.w2))
-            if all(isinstance(w, torch.Tensor) and w.dtype == torch.float64 and w.is_contiguous() for w in (w13, w2)) \
-                    and x_TD.dtype == torch.float64:
-                return self.few_rows_f64(x_TD.contiguous(), ids_TK.contiguous(), weights_TK.contiguous(), w13, w2)
         return moe_forward(x_TD, ids_TK, weights_TK, self.w13, self.w2, cpu_kernels=self.cpu_kernels)
 
     def _replay(self, own_TK: torch.Tensor, replay_TK: torch.Tensor) -> torch.Tensor:
@@ -411,10 +398,10 @@ class Qwen3MoeModel(nn.Module):
             layer.self_attn.fuse_qkv()
         if dtype == torch.float64:  # the built-in model as served: one q/k/v matmul still saves two ops per
             # layer, which its decode step is bound by; its experts' few-row steps take the float64 kernel
-            kernel = getattr(cpu_kernels, "moe_experts_f64", None)
-            for moe in self.moe_layers():
-                moe.few_rows_f64 = kernel
-            return "q/k/v fused" + (", experts' decode rows in the float64 CPU kernel" if kernel is not None else "")
+            for moe in self.moe_layers():  # moe_forward takes the float64 kernel for its few-row steps
+                moe.cpu_kernels = cpu_kernels
+            return "q/k/v fused" + (", experts' decode rows in the float64 CPU kernel"
+                                    if hasattr(cpu_kernels, "moe_experts_f64") else "")
         if not cpu_pack.available(dtype):
             return "q/k/v fused"
         n = cpu_pack.pack_linears(self, min_linear_elements)
