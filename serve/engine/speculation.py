@@ -392,7 +392,7 @@ def sample_verify(logits_RV: torch.Tensor, seqs: list[Sequence]) -> list[list[fl
     rows = RowParams.of(params, streams, logits_RV.device, draws) if sampled else None
     top_n = max((p.top_logprobs for p in params if p.logprobs), default=0)
     return pack_picks(*sample_rows(logits_RV, allowed_RV, rows, sampled=sampled, filtered=needs_filter(params),
-                                   top_n=top_n, logprobs=any(p.logprobs for p in params))).tolist()
+                                   top_n=top_n, logprobs=any(p.logprobs for p in params), host=True)).tolist()
 
 
 def _masked(logits_RV: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:

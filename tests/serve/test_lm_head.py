@@ -29,3 +29,30 @@ def test_logits_match_f_linear_at_every_row_count(tied, dtype):
         want = F.linear(h, w)
         assert got.shape == (n, cfg.vocab_size) and got.dtype == dtype
         torch.testing.assert_close(got, want, rtol=0, atol=tol)
+
+
+def test_a_served_steps_logits_come_as_contiguous_float32_rows():
+    """The runner's logits ([rows, V]) are laid out by row, whatever the head computed (transposed on a
+    CPU): the sampler's per-row reductions would otherwise stride across the vocabulary (~4x slower for a
+    verify step's rows)."""
+    import asyncio
+
+    from serve.engine.base import SamplingParams
+    from serve.engine.native import EngineConfig, NativeEngine
+    from serve.engine.sequence import Sequence
+
+    engine = NativeEngine(str(BUILTIN_DIR), EngineConfig(dtype="float64", max_num_seqs=2, cpu_kernels=False))
+    try:
+        seq = Sequence(list(range(10, 40)), SamplingParams(max_tokens=8))
+        engine.blocks.allocate(seq)
+        _, first = engine.runner.run([(seq, 30)])
+        seq.num_computed = 30
+        seq.token_ids.append(5)
+        engine.blocks.ensure(seq, 40)
+        seq.draft = [6, 7, 8]
+        _, verify = engine.runner.run([(seq, 4)])
+        for logits, rows in ((first, 1), (verify, 4)):
+            assert logits.shape == (rows, engine.model.cfg.vocab_size) and logits.dtype == torch.float32
+            assert logits.is_contiguous()
+    finally:
+        asyncio.run(engine.stop())

@@ -10,6 +10,7 @@ from kernels.op_count import OpCounter
 from serve.engine.base import SamplingParams
 from serve.engine.sampling import (
     RowParams,
+    argmax_rows,
     exponential_noise,
     hash_noise,
     make_generator,
@@ -85,6 +86,23 @@ def test_greedy_rows_in_a_sampled_batch_take_the_argmax_and_nan_rows_fail_alone(
     assert picks[0][0] == int(logits[0].argmax())
     assert picks[0][1] == pytest.approx(float(torch.log_softmax(logits[0], -1).max()))
     assert isinstance(picks[1], tuple) and isinstance(picks[2], RuntimeError)
+
+
+def test_the_host_argmax_and_bad_rows_agree_with_torchs():
+    """The host path's numpy argmax picks what torch.argmax picks (the first of tied maxima, a row's first
+    NaN), rows laid out either way; `bad` flags a NaN anywhere in a row and a row that allows nothing."""
+    torch.manual_seed(2)
+    x = torch.randn(6, 300).round(decimals=1)  # ties among the maxima
+    x[1, [7, 200]] = 9.0
+    x[2, [5, 250]] = float("nan")
+    x[3] = float("-inf")
+    x[4, 299] = float("inf")
+    for rows in (x, x.T.contiguous().T, x.double()):
+        assert torch.equal(argmax_rows(rows, host=True), torch.argmax(rows, -1))
+    allowed = x.clone()
+    allowed[5] = float("-inf")  # a grammar that allows nothing in row 5
+    *_, bad = sample_rows(x, allowed, None, sampled=False, filtered=False, top_n=0, host=True)
+    assert bad.tolist() == [False, False, True, True, False, True]
 
 
 def test_sample_rows_never_waits_on_the_host():
