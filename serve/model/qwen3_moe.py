@@ -80,7 +80,7 @@ class Attention(nn.Module):
             return self.o_proj(o_THC.reshape(T, self.h * self.c))
         if self.qkv_proj is not None:  # inference (a GPU, or a CPU without our kernels): one q/k/v matmul, then
             # q/k norms, rotary and the cache write in one kernel on a GPU; elsewhere its reference, the ops below
-            q_THC = qk_norm_rope_cache(self.qkv_proj(x_TD), self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
+            q_THC = qk_norm_rope_cache(proj(self.qkv_proj, x_TD, self.exact), self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
                                        cos_TC, sin_TC, k_cache, v_cache, meta.slot_mapping_T, self.h,
                                        backend=_fused_backend(x_TD))
             o_THC = paged_attention(q_THC, k_cache, v_cache, meta, self.g, self.exact)

@@ -1,5 +1,6 @@
 """The LM head as served on a CPU (Qwen3MoeModel.logits: one GEMM with the vocabulary as its long side, a
-single row doubled) gives F.linear's logits for any number of rows, tied to the embeddings or not."""
+single row doubled) gives F.linear's logits for any number of rows, tied to the embeddings or not; the
+projections' few rows (numerics.proj, W·xᵀ) give F.linear's outputs too."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch.nn.functional as F
 
 from serve.cli import BUILTIN_DIR
 from serve.model.config import ModelConfig
+from serve.model.numerics import proj
 from serve.model.qwen3_moe import Qwen3MoeModel
 
 
@@ -56,3 +58,16 @@ def test_a_served_steps_logits_come_as_contiguous_float32_rows():
             assert logits.is_contiguous()
     finally:
         asyncio.run(engine.stop())
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_a_projections_few_rows_match_f_linear(dtype):
+    torch.manual_seed(1)
+    m = torch.nn.Linear(128, 256, bias=False, dtype=dtype)
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    for n in (1, 2, 5, 16, 17):
+        x = torch.randn(n, 128, dtype=dtype)
+        with torch.inference_mode():
+            got = proj(m, x, False)
+        assert got.shape == (n, 256) and got.is_contiguous()
+        torch.testing.assert_close(got, F.linear(x, m.weight), rtol=0, atol=tol)
