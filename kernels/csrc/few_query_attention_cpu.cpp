@@ -87,6 +87,17 @@ void attend(const double* q, int64_t q_sq, int64_t q_sh, const double* k, const 
       }
     for (int64_t c0 = 0; c0 < L; c0 += CHUNK) {
       const int64_t nc = std::min(CHUNK, L - c0);
+      // the next chunk's keys and values, a cache line at a time: a step's weights evict the cache from
+      // L2 and L3 between layers, and its reads here come too slowly for the hardware prefetcher to run
+      // ahead (cold, 4 layers of 1,400 keys: 0.83-0.91x the time with these)
+      for (int64_t l = c0 + CHUNK; l < std::min(L, c0 + 2 * CHUNK); ++l) {
+        const double* kp = k + slots[l] * slot_stride + g0 * C;
+        const double* vp = v + slots[l] * slot_stride + g0 * C;
+        for (int64_t o = 0; o < ng * C; o += 8) {
+          __builtin_prefetch(kp + o);
+          __builtin_prefetch(vp + o);
+        }
+      }
       for (int64_t l0 = 0; l0 < nc; l0 += KEYS) {  // the chunk's scores, KEYS keys a vector
         const int64_t nb = std::min(KEYS, nc - l0);
         const double* ks[KEYS];
