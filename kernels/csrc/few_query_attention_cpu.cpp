@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "kernels.h"
@@ -157,28 +158,25 @@ void attend(const double* q, int64_t q_sq, int64_t q_sh, const double* k, const 
         constexpr int64_t CVc = HEAD_DIM / VW, MB = CVc >= 16 ? 1 : 16 / CVc;
         const double* vrow[CHUNK];
         for (int64_t l = 0; l < nc; ++l) vrow[l] = v + slots[c0 + l] * slot_stride + g0 * C;
+        // `full`: a whole block, its row count a constant the compiler unrolls (the sums stay in registers)
+        auto block = [&](auto full, int64_t g, int64_t m0, int64_t mb) {
+          const int64_t rows = decltype(full)::value ? MB : mb;
+          vd a[MB][CVc];
+          for (int64_t i = 0; i < rows; ++i)
+            for (int64_t h = 0; h < CVc; ++h) a[i][h] = acc[(g * M + m0 + i) * CV + h];
+          const double* pr = p.data() + (g * M + m0) * CHUNK;
+          for (int64_t l = 0; l < nc; ++l)
+            for (int64_t h = 0; h < CVc; ++h) {
+              const vd vv = loadv(vrow[l] + g * C + h * VW);
+              for (int64_t i = 0; i < rows; ++i) a[i][h] += pr[i * CHUNK + l] * vv;
+            }
+          for (int64_t i = 0; i < rows; ++i)
+            for (int64_t h = 0; h < CVc; ++h) acc[(g * M + m0 + i) * CV + h] = a[i][h];
+        };
         for (int64_t g = 0; g < ng; ++g)
           for (int64_t m0 = 0; m0 < M; m0 += MB) {
-            const int64_t mb = std::min(MB, M - m0);
-            vd a[MB][CVc];
-            for (int64_t i = 0; i < mb; ++i)
-              for (int64_t h = 0; h < CVc; ++h) a[i][h] = acc[(g * M + m0 + i) * CV + h];
-            const double* pr = p.data() + (g * M + m0) * CHUNK;
-            if (mb == MB) {
-              for (int64_t l = 0; l < nc; ++l)
-                for (int64_t h = 0; h < CVc; ++h) {
-                  const vd vv = loadv(vrow[l] + g * C + h * VW);
-                  for (int64_t i = 0; i < MB; ++i) a[i][h] += pr[i * CHUNK + l] * vv;
-                }
-            } else {
-              for (int64_t l = 0; l < nc; ++l)
-                for (int64_t h = 0; h < CVc; ++h) {
-                  const vd vv = loadv(vrow[l] + g * C + h * VW);
-                  for (int64_t i = 0; i < mb; ++i) a[i][h] += pr[i * CHUNK + l] * vv;
-                }
-            }
-            for (int64_t i = 0; i < mb; ++i)
-              for (int64_t h = 0; h < CVc; ++h) acc[(g * M + m0 + i) * CV + h] = a[i][h];
+            if (M - m0 >= MB) block(std::true_type{}, g, m0, MB);
+            else block(std::false_type{}, g, m0, M - m0);
           }
       } else {
         for (int64_t l = 0; l < nc; ++l) {  // the chunk's values: each slot once, every row of every head
