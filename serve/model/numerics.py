@@ -117,19 +117,26 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, mode
 
 def proj(m: torch.nn.Linear, x: torch.Tensor, exact: bool | str | None) -> torch.Tensor:
     """A linear layer's forward: in the batch-invariant mode `exact` names, or the module's own; 2-16 rows
-    on a CPU (a verified draft's) as W·xᵀ, one GEMM with the weight's rows as its long side. MKL's small-M
-    GEMM on the transposed weight (x·Wᵀ, what F.linear runs) reads a projection's weight at half the speed
-    or less there: cold, a [256, 128] float64 weight took 41 -> 21 us at 2 rows, 47 -> 29 at 5, 53 -> 42
-    at 9; a step of the built-in model verifying 1-8 draft tokens, 0.93-0.98x the time (BENCHMARKS,
-    speculative decoding). One row keeps F.linear (its GEMV is as fast there: the LM head, 16x larger,
-    doubles a single row instead, Qwen3MoeModel.logits). Same products, another summation order."""
+    on a CPU (a verified draft's) through `by_weight`: cold, a [256, 128] float64 weight took 41 -> 21 us
+    at 2 rows, 47 -> 29 at 5, 53 -> 42 at 9; a step of the built-in model verifying 1-8 draft tokens,
+    0.95-0.98x the time (BENCHMARKS, speculative decoding). One row keeps F.linear: its GEMV is as fast
+    for a weight this small (the LM head, 16x larger, goes through `by_weight` at one row too)."""
     if exact:
         return linear(x, m.weight, m.bias, exact)
     if x.dim() == 2 and 2 <= x.shape[0] <= 16 and x.device.type == "cpu" \
             and x.dtype in (torch.float32, torch.float64) and type(m) is torch.nn.Linear and m.bias is None \
             and x.dtype == m.weight.dtype and not torch.is_grad_enabled():
-        return torch.mm(m.weight, x.T).T.contiguous()
+        return by_weight(m.weight, x).contiguous()
     return m(x)
+
+
+def by_weight(w_ND: torch.Tensor, x_RD: torch.Tensor) -> torch.Tensor:
+    """x·wᵀ [R, N] computed as w·xᵀ (a transposed view): one GEMM with the weight's rows as its long side, a
+    single row doubled to make it one. On a CPU, MKL's GEMV and its small-M GEMM on the transposed weight
+    (what F.linear runs) read the weight at half the speed or less: the LM head, cold, one thread, 1.8x
+    faster at 1 row, 2.4-5x at 2. Same products, another summation order."""
+    n = x_RD.shape[0]
+    return torch.mm(w_ND, (x_RD if n != 1 else x_RD.expand(2, -1).contiguous()).T)[:, :n].T
 
 
 

@@ -32,7 +32,7 @@ from kernels.mxfp8_linear import QuantCache, fake_quantize_mxfp8, mxfp8_moe
 from serve.model import numerics
 from serve.model.config import ModelConfig
 from serve.model.layers import AttnMeta, RMSNorm, Rotary, apply_rope, attention, paged_attention
-from serve.model.numerics import WIDE, proj
+from serve.model.numerics import WIDE, by_weight, proj
 
 
 def _fused_backend(x: torch.Tensor) -> str:
@@ -295,17 +295,14 @@ class Qwen3MoeModel(nn.Module):
         """The LM head (tied to the embeddings or not) on final-norm hidden states, in their dtype.
 
         Served on a CPU (an unpacked head: float64, or tied), a step's rows go through it as one GEMM with
-        the vocabulary as its long side, W·hᵀ, and a single row is doubled to make it one: MKL's GEMV
-        and its small-M GEMM read the [V, D] weight at half the speed or less (a cold head, one thread: 1.8x
-        at 1 row, 2.4-5x at 2, 1.2-2.2x at 5), so a verify step of 2-9 rows paid up to twice a decode's
-        head. A step of the built-in model: 0.94x the time at 1 row, 0.87-0.90x at 2-3, 0.94x at 5 (BENCHMARKS,
-        speculative decoding). Same products, another summation order (|Δ logit| ~1e-14 in float64)."""
+        the vocabulary as its long side (numerics.by_weight): F.linear read the [V, D] weight at half the
+        speed or less (a cold head, one thread: 1.8x at 1 row, 2.4-5x at 2, 1.2-2.2x at 5), so a verify step
+        of 2-9 rows paid up to twice a decode's head. A step of the built-in model: 0.94x the time at 1 row,
+        0.87-0.90x at 2-3, 0.94x at 5 (BENCHMARKS, speculative decoding). |Δ logit| ~1e-14 in float64."""
         if not self.batch_invariant and h_ND.dim() == 2 and h_ND.device.type == "cpu" and \
                 not torch.is_grad_enabled() and (self.lm_head is None or type(self.lm_head) is nn.Linear
                                                  and self.lm_head.bias is None):
-            w = (self.lm_head if self.lm_head is not None else self.embed_tokens).weight
-            n = h_ND.shape[0]
-            return torch.mm(w, (h_ND if n != 1 else h_ND.expand(2, -1).contiguous()).T)[:, :n].T
+            return by_weight((self.lm_head if self.lm_head is not None else self.embed_tokens).weight, h_ND)
         if self.lm_head is not None:
             return proj(self.lm_head, h_ND, self.batch_invariant)
         w = self.embed_tokens.weight
