@@ -114,9 +114,11 @@ def moe_forward(x_TD: torch.Tensor, topk_ids_TK: torch.Tensor, topk_weights_TK: 
             # in as few ops, the same sums in the same order (a float64 server's tokens do not change), two
             # matmuls per expert hit instead of ~10 ops (verifying a draft hits more experts than a decode);
             # taken before the Triton interpreter too, which a test session may have switched on
-            if few_rows_f64(x_TD, w13.dense, w2.dense, cpu_kernels):
+            if few_rows_f64(x_TD, w13.dense, w2.dense, cpu_kernels):  # bfloat16 copies where held (`narrow`)
+                n13, n2 = (w13.narrow, w2.narrow) if w13.narrow is not None and w2.narrow is not None \
+                    and w13.narrow.dtype == w2.narrow.dtype else (w13.dense, w2.dense)
                 return cpu_kernels.moe_experts_f64(x_TD.contiguous(), topk_ids_TK.contiguous(),
-                                                   topk_weights_TK.contiguous(), w13.dense, w2.dense)
+                                                   topk_weights_TK.contiguous(), n13, n2)
             return moe_grouped_cpu(x_TD, topk_ids_TK, topk_weights_TK, w13.dense, w2.dense)
         if use_triton(x_TD.device, backend):
             from kernels.moe_triton import fused_moe_mxfp8

@@ -60,6 +60,10 @@ class MXFP8Tensor:
     dense: torch.Tensor | None = field(default=None, compare=False, repr=False)
     """Optional: these values dequantized once (`with_dense`), which the torch reference paths read instead
     of dequantizing per call: a CPU serving float64 would otherwise spend half a decode step there."""
+    narrow: torch.Tensor | None = field(default=None, compare=False, repr=False)
+    """With a float64 `dense`: the same values in bfloat16, which holds every MXFP8 value exactly (4-bit
+    significands; float32 where a scale falls outside bfloat16's range), for the float64 CPU expert kernel,
+    which widens them as it reads: a quarter of the bytes a step streams per expert, the same sums."""
 
     def __post_init__(self):
         _check_pair(self.data, self.scales, BLOCK_SIZE)
@@ -80,8 +84,15 @@ class MXFP8Tensor:
         return self.data.device
 
     def with_dense(self, dtype: torch.dtype) -> MXFP8Tensor:
-        """The same values, also held dequantized in `dtype` (exactly the reference dequantization)."""
-        return MXFP8Tensor(self.data, self.scales, dequantize_mxfp8_reference(self.data, self.scales, dtype))
+        """The same values, also held dequantized in `dtype` (exactly the reference dequantization); for
+        float64, also `narrow`."""
+        dense = dequantize_mxfp8_reference(self.data, self.scales, dtype)
+        narrow = None
+        if dtype == torch.float64:
+            narrow = dense.to(torch.bfloat16)
+            if not torch.equal(narrow.to(dtype), dense):
+                narrow = dense.float()  # exact: float64 dequantization widens float32 values
+        return MXFP8Tensor(self.data, self.scales, dense, narrow)
 
     def nbytes(self) -> int:
         return self.data.numel() * self.data.element_size() + self.scales.numel() * self.scales.element_size()

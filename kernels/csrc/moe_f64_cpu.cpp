@@ -2,8 +2,10 @@
 // float64 throughout: out[t] = sum over t's experts e, in ascending order, of weights[t, e] * w2[e]
 // (silu(gate_e x[t]) * up_e x[t]).
 //
-// x [T, D], ids [T, K] int64, weights [T, K], w13 [E, 2I, D] (gate rows, then up rows) and w2 [E, D, I]
-// as the checkpoint holds them (row-major, contiguous), all float64; D and I multiples of 8. Returns [T, D].
+// x [T, D], ids [T, K] int64, weights [T, K] float64; w13 [E, 2I, D] (gate rows, then up rows) and w2
+// [E, D, I] as the checkpoint holds them (row-major, contiguous), float64, or float32 or bfloat16 holding
+// the same values exactly (both one dtype: widened to float64 in registers as they are read, so the sums
+// are those of float64 weights, bit for bit); D and I multiples of 8. Returns [T, D].
 //
 // Why: the built-in model is served in float64 (greedy output the same on every CPU), which the float32
 // expert kernel (moe_cpu.cpp) cannot take, so its experts ran torch's grouped path: a sort, gathers, two
@@ -12,9 +14,17 @@
 // matmul calls each. Here each expert with rows streams its weight rows once, every row of the expert
 // dotted with each of its tokens (vector FMAs, two chains), and each token's sum is taken in ascending
 // expert order, as the grouped path sums. A token's result depends on nothing else in the batch.
+//
+// The narrower weights: every step reads its experts' weights from memory (a step's other weights and the
+// KV cache evict them), so the bytes a weight takes set the time a new expert costs. MXFP8 experts hold
+// 4-bit significands, which bfloat16 holds exactly: a quarter of float64's bytes for the same sums.
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
+#include <c10/util/BFloat16.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -29,6 +39,7 @@ namespace composer {
 namespace {
 
 using f64::loadv;
+using f64::storev;
 using f64::vd;
 using f64::VW;
 
@@ -38,67 +49,105 @@ inline double hsum(vd v) {
   return s;
 }
 
-// dot products of one weight row (n values) with `rows` input rows (each n values, `stride` apart)
-inline void dots(const double* w, const double* x, int64_t stride, int64_t rows, int64_t n, double* out) {
-  constexpr int64_t kRows = 4;  // input rows per pass over the weight row: the row is read from L1 after
-  for (int64_t r0 = 0; r0 < rows; r0 += kRows) {
-    const int64_t nr = std::min(kRows, rows - r0);
-    vd a[kRows][2] = {};
-    for (int64_t c = 0; c < n; c += 2 * VW) {
-      const vd w0 = loadv(w + c), w1 = c + VW < n ? loadv(w + c + VW) : vd{};
-      for (int64_t r = 0; r < kRows; ++r) {
-        if (r >= nr) break;
-        const double* xr = x + (r0 + r) * stride + c;
-        a[r][0] += w0 * loadv(xr);
-        if (c + VW < n) a[r][1] += w1 * loadv(xr + VW);
-      }
-    }
-    for (int64_t r = 0; r < nr; ++r) out[(r0 + r)] = hsum(a[r][0] + a[r][1]);
-  }
+// VW weights widened to float64 (exactly: every float32 and bfloat16 value is a float64 value)
+typedef float vf __attribute__((vector_size(VW * 4)));
+typedef uint16_t vh __attribute__((vector_size(VW * 2)));
+typedef uint32_t vu __attribute__((vector_size(VW * 4)));
+inline __attribute__((always_inline)) vd widen(const double* w) { return loadv(w); }
+inline __attribute__((always_inline)) vd widen(const float* w) {
+  vf f;
+  std::memcpy(&f, w, sizeof f);
+  return __builtin_convertvector(f, vd);
+}
+inline __attribute__((always_inline)) vd widen(const at::BFloat16* w) {  // a bfloat16 is a float32's high half
+#ifdef __AVX512F__  // what the generic code below should compile to, and with GCC 12 does not
+  const __m256i u = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w))), 16);
+  return (vd)_mm512_cvtps_pd(_mm256_castsi256_ps(u));
+#else
+  vh b;
+  std::memcpy(&b, w, sizeof b);
+  const vu u = __builtin_convertvector(b, vu) << 16;
+  vf f;
+  std::memcpy(&f, &u, sizeof f);
+  return __builtin_convertvector(f, vd);
+#endif
 }
 
-}  // namespace
+// hsum of VW vectors at once: lane o of the result is v[o]'s lanes summed one by one in lane order, from
+// 0.0, the additions hsum makes (so the same value), VW sums side by side (a transpose, then VW vector adds)
+inline vd hsums(const vd* v) {
+  vd s{};
+#ifdef __AVX512F__
+  const __m512d t0 = _mm512_unpacklo_pd(v[0], v[1]), t1 = _mm512_unpackhi_pd(v[0], v[1]);
+  const __m512d t2 = _mm512_unpacklo_pd(v[2], v[3]), t3 = _mm512_unpackhi_pd(v[2], v[3]);
+  const __m512d t4 = _mm512_unpacklo_pd(v[4], v[5]), t5 = _mm512_unpackhi_pd(v[4], v[5]);
+  const __m512d t6 = _mm512_unpacklo_pd(v[6], v[7]), t7 = _mm512_unpackhi_pd(v[6], v[7]);
+  const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+  const __m512d u0 = _mm512_permutex2var_pd(t0, lo, t2), u2 = _mm512_permutex2var_pd(t0, hi, t2);
+  const __m512d u1 = _mm512_permutex2var_pd(t1, lo, t3), u3 = _mm512_permutex2var_pd(t1, hi, t3);
+  const __m512d u4 = _mm512_permutex2var_pd(t4, lo, t6), u6 = _mm512_permutex2var_pd(t4, hi, t6);
+  const __m512d u5 = _mm512_permutex2var_pd(t5, lo, t7), u7 = _mm512_permutex2var_pd(t5, hi, t7);
+  const __m512i first = _mm512_setr_epi64(0, 1, 2, 3, 8, 9, 10, 11), last = _mm512_setr_epi64(4, 5, 6, 7, 12, 13, 14, 15);
+  // column j: lane j of every v[o]
+  s += (vd)_mm512_permutex2var_pd(u0, first, u4);
+  s += (vd)_mm512_permutex2var_pd(u1, first, u5);
+  s += (vd)_mm512_permutex2var_pd(u2, first, u6);
+  s += (vd)_mm512_permutex2var_pd(u3, first, u7);
+  s += (vd)_mm512_permutex2var_pd(u0, last, u4);
+  s += (vd)_mm512_permutex2var_pd(u1, last, u5);
+  s += (vd)_mm512_permutex2var_pd(u2, last, u6);
+  s += (vd)_mm512_permutex2var_pd(u3, last, u7);
+#else
+  for (int64_t o = 0; o < VW; ++o) s[o] = hsum(v[o]);
+#endif
+  return s;
+}
 
-at::Tensor moe_experts_f64(at::Tensor x, at::Tensor ids, at::Tensor weights, at::Tensor w13, at::Tensor w2) {
-  TORCH_CHECK(x.scalar_type() == at::kDouble && weights.scalar_type() == at::kDouble &&
-                  w13.scalar_type() == at::kDouble && w2.scalar_type() == at::kDouble, "float64 only");
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && w13.dim() == 3 && w13.is_contiguous() && w2.dim() == 3 &&
-                  w2.is_contiguous(), "x [T, D], w13 [E, 2I, D] and w2 [E, D, I] must be contiguous");
-  TORCH_CHECK(ids.dim() == 2 && ids.scalar_type() == at::kLong && ids.is_contiguous() && weights.sizes() == ids.sizes() &&
-                  weights.is_contiguous() && ids.size(0) == x.size(0), "ids (int64) and weights must be [T, K]");
-  const int64_t T = x.size(0), D = x.size(1), K = ids.size(1), E = w13.size(0), I = w2.size(2);
-  TORCH_CHECK(w13.size(1) == 2 * I && w13.size(2) == D && w2.size(0) == E && w2.size(1) == D,
-              "w13 must be [E, 2I, D] and w2 [E, D, I] for x's D");
-  TORCH_CHECK(D % 8 == 0 && I % 8 == 0, "D and I must be multiples of 8");
-  const int64_t* id = ids.data_ptr<int64_t>();
-  for (int64_t p = 0; p < T * K; ++p) TORCH_CHECK(id[p] >= 0 && id[p] < E, "expert ", id[p], " outside 0..", E - 1);
-  const double* xp = x.data_ptr<double>();
-  const double* wt = weights.data_ptr<double>();
-  const double* a13 = w13.data_ptr<double>();
-  const double* a2 = w2.data_ptr<double>();
+// the dot products of VW consecutive weight rows (each n values, contiguous) with one input row x (n
+// values): each row's products summed in two chains (even and odd vectors), then the chains added and
+// their lanes summed (hsums): 2 VW independent chains, where one row at a time left the FMA units waiting
+// on one chain's latency (the kernel ran at ~1/10 of their rate)
+template <typename W>
+inline vd dots(const W* w, const double* x, int64_t n) {
+  vd a[VW][2];
+  for (int64_t o = 0; o < VW; ++o) a[o][0] = a[o][1] = vd{};
+  for (int64_t c = 0; c < n; c += 2 * VW) {
+    const bool odd = c + VW < n;
+    const vd x0 = loadv(x + c), x1 = odd ? loadv(x + c + VW) : vd{};
+    for (int64_t o = 0; o < VW; ++o) {
+      a[o][0] += widen(w + o * n + c) * x0;
+      if (odd) a[o][1] += widen(w + o * n + c + VW) * x1;
+    }
+  }
+  vd s[VW];
+  for (int64_t o = 0; o < VW; ++o) s[o] = a[o][0] + a[o][1];
+  return hsums(s);
+}
+
+template <typename W>
+at::Tensor experts(const at::Tensor& x, const int64_t* id, const double* xp, const double* wt, const W* a13,
+                   const W* a2, int64_t T, int64_t D, int64_t K, int64_t E, int64_t I) {
   // pairs (token, k) grouped by expert
   std::vector<std::vector<int64_t>> pairs(E);
   for (int64_t p = 0; p < T * K; ++p) pairs[id[p]].push_back(p);
-  std::vector<double> y(T * K * D), xs, gu, h, col;
+  std::vector<double> y(T * K * D), xs, gu, h;
   for (int64_t e = 0; e < E; ++e) {
     const auto& ps = pairs[e];
     const int64_t n = static_cast<int64_t>(ps.size());
     if (!n) continue;
     xs.resize(n * D);
     for (int64_t r = 0; r < n; ++r) std::memcpy(xs.data() + r * D, xp + (ps[r] / K) * D, D * sizeof(double));
-    gu.resize(2 * I * n);  // [2I, n]: weight row j's dot with each token
-    for (int64_t j = 0; j < 2 * I; ++j) dots(a13 + (e * 2 * I + j) * D, xs.data(), D, n, D, gu.data() + j * n);
+    gu.resize(n * 2 * I);  // [n, 2I]: each token's dots with the gate rows, then the up rows
+    for (int64_t j = 0; j < 2 * I; j += VW)  // VW weight rows at a time (read from L1 for the 2nd token on)
+      for (int64_t r = 0; r < n; ++r) storev(gu.data() + r * 2 * I + j, dots(a13 + (e * 2 * I + j) * D, xs.data() + r * D, D));
     h.resize(n * I);  // [n, I]: silu(gate) * up per token
     for (int64_t r = 0; r < n; ++r)
       for (int64_t i = 0; i < I; ++i) {
-        const double g = gu[i * n + r], u = gu[(I + i) * n + r];
+        const double g = gu[r * 2 * I + i], u = gu[r * 2 * I + I + i];
         h[r * I + i] = g / (1.0 + std::exp(-g)) * u;
       }
-    col.resize(n);
-    for (int64_t d = 0; d < D; ++d) {
-      dots(a2 + (e * D + d) * I, h.data(), I, n, I, col.data());
-      for (int64_t r = 0; r < n; ++r) y[ps[r] * D + d] = col[r];
-    }
+    for (int64_t d = 0; d < D; d += VW)
+      for (int64_t r = 0; r < n; ++r) storev(y.data() + ps[r] * D + d, dots(a2 + (e * D + d) * I, h.data() + r * I, I));
   }
   auto out = at::zeros({T, D}, x.options());
   double* o = out.data_ptr<double>();
@@ -113,6 +162,34 @@ at::Tensor moe_experts_f64(at::Tensor x, at::Tensor ids, at::Tensor weights, at:
     }
   }
   return out;
+}
+
+}  // namespace
+
+at::Tensor moe_experts_f64(at::Tensor x, at::Tensor ids, at::Tensor weights, at::Tensor w13, at::Tensor w2) {
+  const auto wt_type = w13.scalar_type();
+  TORCH_CHECK(x.scalar_type() == at::kDouble && weights.scalar_type() == at::kDouble &&
+                  (wt_type == at::kDouble || wt_type == at::kFloat || wt_type == at::kBFloat16) &&
+                  w2.scalar_type() == wt_type,
+              "float64 only (x, weights), the experts' weights float64, float32 or bfloat16 (one dtype)");
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && w13.dim() == 3 && w13.is_contiguous() && w2.dim() == 3 &&
+                  w2.is_contiguous(), "x [T, D], w13 [E, 2I, D] and w2 [E, D, I] must be contiguous");
+  TORCH_CHECK(ids.dim() == 2 && ids.scalar_type() == at::kLong && ids.is_contiguous() && weights.sizes() == ids.sizes() &&
+                  weights.is_contiguous() && ids.size(0) == x.size(0), "ids (int64) and weights must be [T, K]");
+  const int64_t T = x.size(0), D = x.size(1), K = ids.size(1), E = w13.size(0), I = w2.size(2);
+  TORCH_CHECK(w13.size(1) == 2 * I && w13.size(2) == D && w2.size(0) == E && w2.size(1) == D,
+              "w13 must be [E, 2I, D] and w2 [E, D, I] for x's D");
+  TORCH_CHECK(D % 8 == 0 && I % 8 == 0, "D and I must be multiples of 8");
+  const int64_t* id = ids.data_ptr<int64_t>();
+  for (int64_t p = 0; p < T * K; ++p) TORCH_CHECK(id[p] >= 0 && id[p] < E, "expert ", id[p], " outside 0..", E - 1);
+  const double* xp = x.data_ptr<double>();
+  const double* wt = weights.data_ptr<double>();
+  switch (wt_type) {
+    case at::kFloat: return experts(x, id, xp, wt, w13.data_ptr<float>(), w2.data_ptr<float>(), T, D, K, E, I);
+    case at::kBFloat16:
+      return experts(x, id, xp, wt, w13.data_ptr<at::BFloat16>(), w2.data_ptr<at::BFloat16>(), T, D, K, E, I);
+    default: return experts(x, id, xp, wt, w13.data_ptr<double>(), w2.data_ptr<double>(), T, D, K, E, I);
+  }
 }
 
 }  // namespace composer

@@ -255,7 +255,10 @@ class NativeEngine(Engine):
             if self.device.type == "cpu" and self.config.cpu_pack \
             else ""
         if self.device.type == "cpu" and _dequantize_experts(model, self.dtype):
-            done += ("; " if done else "") + f"MXFP8 experts also held in {self.serve_dtype}"
+            narrow = next((m.w13.narrow for m in model.moe_layers() if getattr(m.w13, "narrow", None) is not None), None)
+            done += ("; " if done else "") + f"MXFP8 experts also held in {self.serve_dtype}" \
+                + (f" (and, for the expert kernel, exactly in {str(narrow.dtype).removeprefix('torch.')})"
+                   if narrow is not None else "")
         return dense + done if done else dense.rstrip("; ")
 
     def _keep_fp8(self) -> bool:
@@ -706,12 +709,12 @@ class NativeEngine(Engine):
 def _dequantize_experts(model, dtype: torch.dtype, budget: int = 2**30) -> bool:
     """On a CPU, MXFP8 experts run torch's reference path, which dequantizes each expert a token picks at
     every step (half of a float64 decode step; and verifying a draft picks more of them). Where the dense
-    copies are small (the built-in model's: 13 MiB in float64), hold them once: the same values, so the
-    same results bit for bit."""
+    copies are small (the built-in model's: 13 MiB in float64, and 3 MiB more in bfloat16 for the expert
+    kernel: MXFP8Tensor.narrow), hold them once: the same values, so the same results bit for bit."""
     from kernels import MXFP8Tensor
 
     moes = [m for m in model.moe_layers() if isinstance(m.w13, MXFP8Tensor) and isinstance(m.w2, MXFP8Tensor)]
-    size = torch.empty(0, dtype=dtype).element_size()
+    size = torch.empty(0, dtype=dtype).element_size() + (2 if dtype == torch.float64 else 0)  # + `narrow`
     need = sum((m.w13.data.numel() + m.w2.data.numel()) * size for m in moes)
     if not moes or need > min(budget, _available_memory() // 8):
         return False

@@ -257,3 +257,21 @@ def test_f64_kernel_refuses_what_it_cannot_take(kernels):
         kernels.moe_experts_f64(x, ids, weights, w13.transpose(1, 2).contiguous().transpose(1, 2), w2)
     with pytest.raises(RuntimeError, match="multiples of 8"):
         kernels.moe_experts_f64(*f64_case(2, 4, 1, 12, 8, seed=6))
+
+
+def test_f64_kernel_widens_narrower_weights_to_the_same_sums(kernels):
+    """The experts' weights in float32 or bfloat16 holding the same values (MXFP8's, as a float64 server
+    holds them: MXFP8Tensor.narrow) give the float64 weights' result bit for bit."""
+    from kernels import MXFP8Tensor
+
+    x, ids, weights, w13, w2 = f64_case(9, 8, 2, 128, 64, seed=7)
+    q13, q2 = MXFP8Tensor.quantize(w13.float()).with_dense(torch.float64), MXFP8Tensor.quantize(w2.float()).with_dense(torch.float64)
+    for T in (1, 2, 5, 9):
+        want = kernels.moe_experts_f64(x[:T], ids[:T], weights[:T], q13.dense, q2.dense)
+        for dtype in (torch.float32, torch.bfloat16):
+            got = kernels.moe_experts_f64(x[:T], ids[:T], weights[:T], q13.dense.to(dtype), q2.dense.to(dtype))
+            assert torch.equal(got, want), (T, dtype)
+        with torch.inference_mode():  # as a float64 server runs it: the narrow copies
+            assert torch.equal(moe_forward(x[:T], ids[:T], weights[:T], q13, q2, cpu_kernels=kernels), want), T
+    with pytest.raises(RuntimeError, match="one dtype"):
+        kernels.moe_experts_f64(x, ids, weights, q13.dense.float(), q2.dense)

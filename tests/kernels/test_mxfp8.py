@@ -260,3 +260,20 @@ def test_the_triton_helpers_nan_byte_is_the_formats():
 
     src = (Path(__file__).resolve().parents[2] / "kernels" / "mxfp8_triton.py").read_text()
     assert E8M0_NAN == 255 and "255" in src and "from kernels.mxfp8 import" not in src
+
+
+def test_float64_dense_copy_comes_with_an_exact_narrow_one():
+    """with_dense(float64) also holds the values in bfloat16 (`narrow`, for the float64 CPU expert kernel,
+    which widens as it reads): exact for MXFP8's 4-bit significands, float32 where a tiny scale takes a
+    value below bfloat16's subnormals, none for other dtypes."""
+    torch.manual_seed(0)
+    w = MXFP8Tensor.quantize(torch.randn(4, 64, 32) * 0.1)
+    d = w.with_dense(torch.float64)
+    assert d.narrow.dtype == torch.bfloat16 and torch.equal(d.narrow.double(), d.dense)
+    assert w.with_dense(torch.float32).narrow is None
+    # 3 * 2^-9 (an e4m3 subnormal) at a scale of 2^-126: 3 * 2^-135, under bfloat16's last subnormal bit
+    data = torch.full((2, 32), 3 * 2.0**-9).to(torch.float8_e4m3fn)
+    tiny = MXFP8Tensor(data, torch.full((2, 1), 1, dtype=torch.uint8).view(w.scales.dtype))
+    t = tiny.with_dense(torch.float64)
+    assert t.narrow.dtype == torch.float32 and torch.equal(t.narrow.double(), t.dense)
+    assert not torch.equal(t.dense.to(torch.bfloat16).double(), t.dense)  # so bfloat16 would not do
