@@ -12,6 +12,8 @@
     moe_experts_f64(x_TD, ids_TK, weights_TK, w13_ENK, w2_EDI) -> out_TD
         the same for a few float64 rows on the checkpoint's plain weights, float64 throughout (the built-in
         model's batch-1 decodes and verified drafts)
+    linear_f64(x_RD, w_ND) -> out_RN
+        x·wᵀ for a few float64 rows (the built-in model's projections and LM head as served)
     decode_layers(x_BD, per-layer weights and caches, step metadata, ...) -> x_BD
         every decoder layer of a decode step in one call, bit for bit the Python forward (see
         serve/model/qwen3_moe.py's decode_plan)
@@ -52,7 +54,7 @@ log = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / "bindings.cpp", CSRC / "paged_attention_cpu.cpp", CSRC / "few_query_attention_cpu.cpp",
            CSRC / "attention_prologue_cpu.cpp",
-           CSRC / "moe_cpu.cpp", CSRC / "moe_f64_cpu.cpp", CSRC / "decode_layers_cpu.cpp"]
+           CSRC / "moe_cpu.cpp", CSRC / "moe_f64_cpu.cpp", CSRC / "linear_f64_cpu.cpp", CSRC / "decode_layers_cpu.cpp"]
 HEADERS = [CSRC / "kernels.h", CSRC / "onednn_linear.h", CSRC / "vec_f64.h"]
 _ARCH_FLAGS = {"AVX2": ["-mavx2", "-mfma", "-mf16c"],
                "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma", "-mf16c"]}

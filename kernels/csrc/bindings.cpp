@@ -18,6 +18,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "a MoE layer's routed experts, router output in, layer output out (moe_cpu.cpp)");
   m.def("moe_experts_f64", &composer::moe_experts_f64, py::call_guard<py::gil_scoped_release>(),
         "a MoE layer's routed experts for a few float64 rows, plain [E, 2I, D] / [E, D, I] weights (moe_f64_cpu.cpp)");
+  m.def("linear_f64", &composer::linear_f64, py::call_guard<py::gil_scoped_release>(),
+        "x·wᵀ for a few float64 rows (linear_f64_cpu.cpp)");
   m.def("decode_layers", &composer::decode_layers, py::call_guard<py::gil_scoped_release>(),
         "every decoder layer of a decode step, as the Python forward runs them (decode_layers_cpu.cpp)");
   m.def("moe_block_columns", &composer::moe_block_columns,

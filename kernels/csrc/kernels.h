@@ -14,6 +14,9 @@ at::Tensor paged_decode_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v
 at::Tensor few_query_attention(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor slots, double scale);
 at::Tensor moe_experts(at::Tensor x, at::Tensor ids, at::Tensor weights, at::Tensor w13b, at::Tensor w2b);
 at::Tensor moe_experts_f64(at::Tensor x, at::Tensor ids, at::Tensor weights, at::Tensor w13, at::Tensor w2);
+
+// x·wᵀ for a few float64 rows (linear_f64_cpu.cpp).
+at::Tensor linear_f64(at::Tensor x, at::Tensor w);
 int64_t moe_block_columns();
 std::string moe_float32_gemm();
 at::Tensor attention_prologue(at::Tensor qkv, at::Tensor q_norm, at::Tensor k_norm, double eps, at::Tensor cos,

@@ -41,6 +41,7 @@ reads only how many keys each query may see (the masks the model passes are pref
 from __future__ import annotations
 
 from functools import partial
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -115,19 +116,36 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, mode
     return F.linear(x.to(WIDE), w.to(WIDE), None if b is None else b.to(WIDE)).to(x.dtype)
 
 
-def proj(m: torch.nn.Linear, x: torch.Tensor, exact: bool | str | None) -> torch.Tensor:
-    """A linear layer's forward: in the batch-invariant mode `exact` names, or the module's own; 2-16 rows
-    on a CPU (a verified draft's) through `by_weight`: cold, a [256, 128] float64 weight took 41 -> 21 us
-    at 2 rows, 47 -> 29 at 5, 53 -> 42 at 9; a step of the built-in model verifying 1-8 draft tokens,
-    0.95-0.98x the time (BENCHMARKS, speculative decoding). One row keeps F.linear: its GEMV is as fast
-    for a weight this small (the LM head, 16x larger, goes through `by_weight` at one row too)."""
+def proj(m: torch.nn.Linear, x: torch.Tensor, exact: bool | str | None, kernels: ModuleType | None = None) -> torch.Tensor:
+    """A linear layer's forward: in the batch-invariant mode `exact` names, or the module's own. On a CPU
+    in float64, 1-16 rows (a decode, a verified draft) through `kernels`' linear_f64 where given (the C++
+    kernels, kernels/csrc/linear_f64_cpu.cpp: 0.90-0.95x a step of the built-in model at 1-9 rows; a row's
+    result does not depend on the others). Else 2-16 rows on a CPU through `by_weight`: cold, a [256, 128]
+    float64 weight took 41 -> 21 us at 2 rows, 47 -> 29 at 5, 53 -> 42 at 9 on the VM of 2026-11-29's
+    morning (BENCHMARKS, speculative decoding); one row keeps F.linear."""
     if exact:
         return linear(x, m.weight, m.bias, exact)
+    if kernels is not None and few_rows_f64(x, m):
+        return kernels.linear_f64(x.contiguous(), m.weight)
     if x.dim() == 2 and 2 <= x.shape[0] <= 16 and x.device.type == "cpu" \
             and x.dtype in (torch.float32, torch.float64) and type(m) is torch.nn.Linear and m.bias is None \
             and x.dtype == m.weight.dtype and not torch.is_grad_enabled():
         return by_weight(m.weight, x).contiguous()
     return m(x)
+
+
+FEW_ROWS = 16
+"""Rows a float64 linear layer or LM head hands to the C++ kernel (linear_f64); more go to MKL's GEMM."""
+
+
+def few_rows_f64(x: torch.Tensor, m: torch.nn.Linear | torch.nn.Embedding) -> bool:
+    """Whether linear_f64 takes x·wᵀ: float64 inference on a CPU, 1-FEW_ROWS rows, a plain contiguous
+    weight without bias, sizes multiples of 8."""
+    w = m.weight
+    return (x.dim() == 2 and 1 <= x.shape[0] <= FEW_ROWS and x.dtype == w.dtype == torch.float64
+            and x.device.type == "cpu" and type(m) in (torch.nn.Linear, torch.nn.Embedding)
+            and getattr(m, "bias", None) is None and w.is_contiguous() and w.shape[0] % 8 == 0
+            and w.shape[1] % 8 == 0 and not torch.is_grad_enabled())
 
 
 def by_weight(w_ND: torch.Tensor, x_RD: torch.Tensor) -> torch.Tensor:

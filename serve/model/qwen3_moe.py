@@ -54,6 +54,7 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.c, cfg.rms_norm_eps)
         self.qkv_proj: nn.Linear | None = None  # see fuse_qkv
         self.exact: bool | str = False  # batch-invariant numerics' mode (serve/model/numerics.py)
+        self.f64_kernels: ModuleType | None = None  # the C++ kernels' linear_f64 (numerics.proj), set by pack_for_cpu
 
     def fuse_qkv(self) -> None:
         """Inference only: q, k and v projections as one linear layer (two fewer matmuls per layer and
@@ -80,11 +81,12 @@ class Attention(nn.Module):
             return self.o_proj(o_THC.reshape(T, self.h * self.c))
         if self.qkv_proj is not None:  # inference (a GPU, or a CPU without our kernels): one q/k/v matmul, then
             # q/k norms, rotary and the cache write in one kernel on a GPU; elsewhere its reference, the ops below
-            q_THC = qk_norm_rope_cache(proj(self.qkv_proj, x_TD, self.exact), self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
+            qkv_TN = proj(self.qkv_proj, x_TD, self.exact, self.f64_kernels)
+            q_THC = qk_norm_rope_cache(qkv_TN, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
                                        cos_TC, sin_TC, k_cache, v_cache, meta.slot_mapping_T, self.h,
                                        backend=_fused_backend(x_TD))
             o_THC = paged_attention(q_THC, k_cache, v_cache, meta, self.g, self.exact)
-            return proj(self.o_proj, o_THC.reshape(T, self.h * self.c), self.exact)
+            return proj(self.o_proj, o_THC.reshape(T, self.h * self.c), self.exact, self.f64_kernels)
         q_TN, k_TN, v_TN = (proj(m, x_TD, self.exact) for m in (self.q_proj, self.k_proj, self.v_proj))
         q_THC = self.q_norm(q_TN.reshape(T, self.h, self.c))
         k_TGC = self.k_norm(k_TN.reshape(T, self.g, self.c))
@@ -147,7 +149,7 @@ class SparseMoE(nn.Module):
         """`replay_TK`: experts to use instead of the router's top-k (training on what the server routed;
         rows with a -1 keep the router's own choice), weighted by the router's probabilities of those
         experts, so the router still learns. `record` (routes_SMK, slots_T): store each token's experts."""
-        logits_TE = proj(self.gate, x_TD, self.exact)
+        logits_TE = proj(self.gate, x_TD, self.exact, self.cpu_kernels)  # float64: the linear kernel (few rows)
         probs_TE = (numerics.router_probs(logits_TE, self.exact) if self.exact
                     else torch.softmax(logits_TE, dim=-1, dtype=acc_dtype(logits_TE.dtype)))
         weights_TK, ids_TK = torch.topk(probs_TE, self.top_k, dim=-1)
@@ -267,6 +269,7 @@ class Qwen3MoeModel(nn.Module):
         # False: every layer's Python forward (the same result; for profiling layer by layer)
         self.fused_decode = True
         self.batch_invariant = False  # see set_batch_invariant
+        self.f64_kernels: ModuleType | None = None  # the C++ kernels' linear_f64 for the LM head, set by pack_for_cpu
         self.activation_checkpointing = False  # training: keep each layer's input only, recompute the rest
         for i, moe in enumerate(self.moe_layers()):
             moe.index = i
@@ -298,11 +301,16 @@ class Qwen3MoeModel(nn.Module):
         the vocabulary as its long side (numerics.by_weight): F.linear read the [V, D] weight at half the
         speed or less (a cold head, one thread: 1.8x at 1 row, 2.4-5x at 2, 1.2-2.2x at 5), so a verify step
         of 2-9 rows paid up to twice a decode's head. A step of the built-in model: 0.94x the time at 1 row,
-        0.87-0.90x at 2-3, 0.94x at 5 (BENCHMARKS, speculative decoding). |Δ logit| ~1e-14 in float64."""
+        0.87-0.90x at 2-3, 0.94x at 5 (BENCHMARKS, speculative decoding). |Δ logit| ~1e-14 in float64.
+        In float64 with the C++ kernels (`f64_kernels`), 1-16 rows go through their linear_f64 instead:
+        0.96-0.98x a step at 1-9 rows, and a row's logits do not depend on the step's other rows."""
+        head = self.lm_head if self.lm_head is not None else self.embed_tokens
+        if not self.batch_invariant and self.f64_kernels is not None and numerics.few_rows_f64(h_ND, head):
+            return self.f64_kernels.linear_f64(h_ND.contiguous(), head.weight)
         if not self.batch_invariant and h_ND.dim() == 2 and h_ND.device.type == "cpu" and \
                 not torch.is_grad_enabled() and (self.lm_head is None or type(self.lm_head) is nn.Linear
                                                  and self.lm_head.bias is None):
-            return by_weight((self.lm_head if self.lm_head is not None else self.embed_tokens).weight, h_ND)
+            return by_weight(head.weight, h_ND)
         if self.lm_head is not None:
             return proj(self.lm_head, h_ND, self.batch_invariant)
         w = self.embed_tokens.weight
@@ -399,8 +407,13 @@ class Qwen3MoeModel(nn.Module):
             # layer, which its decode step is bound by; its experts' few-row steps take the float64 kernel
             for moe in self.moe_layers():  # moe_forward takes the float64 kernel for its few-row steps
                 moe.cpu_kernels = cpu_kernels
+            linear = cpu_kernels if hasattr(cpu_kernels, "linear_f64") else None
+            self.f64_kernels = linear  # the projections' and LM head's few rows (numerics.proj, logits)
+            for layer in self.layers:
+                layer.self_attn.f64_kernels = linear
             return "q/k/v fused" + (", experts' decode rows in the float64 CPU kernel"
-                                    if hasattr(cpu_kernels, "moe_experts_f64") else "")
+                                    if hasattr(cpu_kernels, "moe_experts_f64") else "") \
+                + (", projections' and LM head's in the float64 linear kernel" if linear is not None else "")
         if not cpu_pack.available(dtype):
             return "q/k/v fused"
         n = cpu_pack.pack_linears(self, min_linear_elements)
