@@ -104,8 +104,13 @@ void attend(const double* q, int64_t q_sq, int64_t q_sh, const double* k, const 
         const double* ks[KEYS];
         for (int64_t j = 0; j < KEYS; ++j) ks[j] = k + slots[c0 + l0 + std::min(j, nb - 1)] * slot_stride + g0 * C;
         for (int64_t g = 0; g < ng; ++g) {
-          for (int64_t c = 0; c < C; ++c)  // the keys of head g, transposed: kt[c] = key j's c-th value, j = 0..7
-            for (int64_t j = 0; j < KEYS; ++j) kt[c][j] = ks[j][g * C + c];
+          // the keys of head g, transposed: kt[c] = key j's c-th value, j = 0..7 (in registers, VW values of
+          // the VW keys at a time: element by element, the vector loads of kt waited on the stores)
+          for (int64_t c0 = 0; c0 < C; c0 += VW) {
+            vd rows[KEYS];
+            for (int64_t j = 0; j < KEYS; ++j) rows[j] = loadv(ks[j] + g * C + c0);
+            f64::transpose(rows, kt.data() + c0);
+          }
           int64_t m = 0;
           for (; m + 1 < M; m += 2) {  // two rows at a time: four independent chains (FMA latency)
             const double* qa = qs.data() + (g * M + m) * C;

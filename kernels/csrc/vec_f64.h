@@ -58,33 +58,40 @@ inline __attribute__((always_inline)) vd widen(const at::BFloat16* w) {  // a bf
 #endif
 }
 
-// hsum of VW vectors at once: lane o of the result is v[o]'s lanes summed one by one in lane order, from
-// 0.0, the additions hsum makes (so the same value), VW sums side by side (a transpose, then VW vector adds)
-inline vd hsums(const vd* v) {
-  vd s{};
+// cols[j] = lane j of every rows[o] (lane o): a VW x VW transpose in registers
+inline __attribute__((always_inline)) void transpose(const vd* rows, vd* cols) {
 #ifdef __AVX512F__
-  const __m512d t0 = _mm512_unpacklo_pd(v[0], v[1]), t1 = _mm512_unpackhi_pd(v[0], v[1]);
-  const __m512d t2 = _mm512_unpacklo_pd(v[2], v[3]), t3 = _mm512_unpackhi_pd(v[2], v[3]);
-  const __m512d t4 = _mm512_unpacklo_pd(v[4], v[5]), t5 = _mm512_unpackhi_pd(v[4], v[5]);
-  const __m512d t6 = _mm512_unpacklo_pd(v[6], v[7]), t7 = _mm512_unpackhi_pd(v[6], v[7]);
+  const __m512d t0 = _mm512_unpacklo_pd(rows[0], rows[1]), t1 = _mm512_unpackhi_pd(rows[0], rows[1]);
+  const __m512d t2 = _mm512_unpacklo_pd(rows[2], rows[3]), t3 = _mm512_unpackhi_pd(rows[2], rows[3]);
+  const __m512d t4 = _mm512_unpacklo_pd(rows[4], rows[5]), t5 = _mm512_unpackhi_pd(rows[4], rows[5]);
+  const __m512d t6 = _mm512_unpacklo_pd(rows[6], rows[7]), t7 = _mm512_unpackhi_pd(rows[6], rows[7]);
   const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
   const __m512d u0 = _mm512_permutex2var_pd(t0, lo, t2), u2 = _mm512_permutex2var_pd(t0, hi, t2);
   const __m512d u1 = _mm512_permutex2var_pd(t1, lo, t3), u3 = _mm512_permutex2var_pd(t1, hi, t3);
   const __m512d u4 = _mm512_permutex2var_pd(t4, lo, t6), u6 = _mm512_permutex2var_pd(t4, hi, t6);
   const __m512d u5 = _mm512_permutex2var_pd(t5, lo, t7), u7 = _mm512_permutex2var_pd(t5, hi, t7);
   const __m512i first = _mm512_setr_epi64(0, 1, 2, 3, 8, 9, 10, 11), last = _mm512_setr_epi64(4, 5, 6, 7, 12, 13, 14, 15);
-  // column j: lane j of every v[o]
-  s += (vd)_mm512_permutex2var_pd(u0, first, u4);
-  s += (vd)_mm512_permutex2var_pd(u1, first, u5);
-  s += (vd)_mm512_permutex2var_pd(u2, first, u6);
-  s += (vd)_mm512_permutex2var_pd(u3, first, u7);
-  s += (vd)_mm512_permutex2var_pd(u0, last, u4);
-  s += (vd)_mm512_permutex2var_pd(u1, last, u5);
-  s += (vd)_mm512_permutex2var_pd(u2, last, u6);
-  s += (vd)_mm512_permutex2var_pd(u3, last, u7);
+  cols[0] = (vd)_mm512_permutex2var_pd(u0, first, u4);
+  cols[1] = (vd)_mm512_permutex2var_pd(u1, first, u5);
+  cols[2] = (vd)_mm512_permutex2var_pd(u2, first, u6);
+  cols[3] = (vd)_mm512_permutex2var_pd(u3, first, u7);
+  cols[4] = (vd)_mm512_permutex2var_pd(u0, last, u4);
+  cols[5] = (vd)_mm512_permutex2var_pd(u1, last, u5);
+  cols[6] = (vd)_mm512_permutex2var_pd(u2, last, u6);
+  cols[7] = (vd)_mm512_permutex2var_pd(u3, last, u7);
 #else
-  for (int64_t o = 0; o < VW; ++o) s[o] = hsum(v[o]);
+  for (int64_t j = 0; j < VW; ++j)
+    for (int64_t o = 0; o < VW; ++o) cols[j][o] = rows[o][j];
 #endif
+}
+
+// hsum of VW vectors at once: lane o of the result is v[o]'s lanes summed one by one in lane order, from
+// 0.0, the additions hsum makes (so the same value), VW sums side by side (a transpose, then VW vector adds)
+inline vd hsums(const vd* v) {
+  vd cols[VW];
+  transpose(v, cols);
+  vd s{};
+  for (int64_t j = 0; j < VW; ++j) s += cols[j];
   return s;
 }
 
