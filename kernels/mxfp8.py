@@ -62,8 +62,9 @@ class MXFP8Tensor:
     of dequantizing per call: a CPU serving float64 would otherwise spend half a decode step there."""
     narrow: torch.Tensor | None = field(default=None, compare=False, repr=False)
     """With a float64 `dense`: the same values in bfloat16, which holds every MXFP8 value exactly (4-bit
-    significands; float32 where a scale falls outside bfloat16's range), for the float64 CPU expert kernel,
-    which widens them as it reads: a quarter of the bytes a step streams per expert, the same sums."""
+    significands; float32 where a tiny scale puts values below bfloat16's subnormals), for the float64 CPU
+    expert kernel, which widens them as it reads: a quarter of the bytes a step streams per expert, the
+    same sums."""
 
     def __post_init__(self):
         _check_pair(self.data, self.scales, BLOCK_SIZE)

@@ -119,7 +119,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, mode
 def proj(m: torch.nn.Linear, x: torch.Tensor, exact: bool | str | None, kernels: ModuleType | None = None) -> torch.Tensor:
     """A linear layer's forward: in the batch-invariant mode `exact` names, or the module's own. On a CPU
     in float64, 1-16 rows (a decode, a verified draft) through `kernels`' linear_f64 where given (the C++
-    kernels, kernels/csrc/linear_f64_cpu.cpp: 0.90-0.95x a step of the built-in model at 1-9 rows; a row's
+    kernels, kernels/csrc/linear_f64_cpu.cpp: with the LM head, 0.91-0.96x a step of the built-in model at 1-9 rows; a row's
     result does not depend on the others). Else 2-16 rows on a CPU through `by_weight`: cold, a [256, 128]
     float64 weight took 41 -> 21 us at 2 rows, 47 -> 29 at 5, 53 -> 42 at 9 on the VM of 2026-11-29's
     morning (BENCHMARKS, speculative decoding); one row keeps F.linear."""
