@@ -12,7 +12,6 @@ import dataclasses
 import importlib.util
 import os
 import sys
-import types
 from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -33,8 +32,6 @@ if mode == "build":
     spec = importlib.util.spec_from_file_location(so.stem, so)
     old = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(old)
-    # the earlier build's experts, this build's linear kernel (the router's few rows take it too)
-    old = types.SimpleNamespace(moe_experts_f64=old.moe_experts_f64, linear_f64=new.linear_f64)
 E = NativeEngine(str(BUILTIN_DIR), EngineConfig(dtype="float64", max_num_seqs=8))
 layers = E.model.moe_layers()
 narrow = [(m.w13, m.w2) for m in layers]

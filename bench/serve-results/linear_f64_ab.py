@@ -47,12 +47,19 @@ for N, D in ((256, 128), (128, 128), (4096, 128)):
         print(f"[{N}, {D}] x {R} rows: torch {a:.1f} us, kernel {b:.1f} us: {b / a:.3f}x", flush=True)
 
 E = NativeEngine(str(BUILTIN_DIR), EngineConfig(dtype="float64", max_num_seqs=8))
-kernel_rows = numerics.few_rows_f64
+model = E.model
+given = (model.f64_kernels, [layer.self_attn.f64_kernels for layer in model.layers],
+         [moe.gate_kernels for moe in model.moe_layers()])  # what pack_for_cpu gave the head, attention, routers
 
 
 def use(m: str) -> None:
-    """Arm B: the kernel where the model takes it; arm A: torch's paths (no row is the kernel's)."""
-    numerics.few_rows_f64 = kernel_rows if m == "B" else (lambda x, m: False)
+    """Arm B: the kernel where the model takes it; arm A: torch's paths (no layer is given the kernels)."""
+    head, attn, gates = given if m == "B" else (None, [None] * len(given[1]), [None] * len(given[2]))
+    model.f64_kernels = head
+    for layer, k in zip(model.layers, attn, strict=True):
+        layer.self_attn.f64_kernels = k
+    for moe, k in zip(model.moe_layers(), gates, strict=True):
+        moe.gate_kernels = k
 
 
 step_ab(E, use, int(sys.argv[1]), [int(x) for x in sys.argv[2:]] or [1400], "linear: ")

@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from kernels import batch_invariant as reference
 from kernels.backend import why_not_triton
 from kernels.fused import rms_norm as _rms_norm
+from kernels.moe import FEW_ROWS_F64
 from kernels.moe_reference import moe_reference
 
 WIDE = torch.float64
@@ -117,15 +118,16 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, mode
 
 
 def proj(m: torch.nn.Linear, x: torch.Tensor, exact: bool | str | None, kernels: ModuleType | None = None) -> torch.Tensor:
-    """A linear layer's forward: in the batch-invariant mode `exact` names, or the module's own. On a CPU
-    in float64, 1-16 rows (a decode, a verified draft) through `kernels`' linear_f64 where given (the C++
-    kernels, kernels/csrc/linear_f64_cpu.cpp: with the LM head, 0.91-0.96x a step of the built-in model at 1-9 rows; a row's
-    result does not depend on the others). Else 2-16 rows on a CPU through `by_weight`: cold, a [256, 128]
-    float64 weight took 41 -> 21 us at 2 rows, 47 -> 29 at 5, 53 -> 42 at 9 on the VM of 2026-11-29's
-    morning (BENCHMARKS, speculative decoding); one row keeps F.linear."""
+    """A linear layer's forward: in the batch-invariant mode `exact` names, or the module's own. `kernels`:
+    the C++ kernels, given where pack_for_cpu found the weight fit for their linear_f64 (`linear_f64_takes`):
+    1-16 rows (a decode, a verified draft) go through it (kernels/csrc/linear_f64_cpu.cpp: with the LM
+    head, 0.91-0.96x a step of the built-in model at 1-9 rows; a row's result does not depend on the
+    others). Else 2-16 rows on a CPU through `by_weight`: cold, a [256, 128] float64 weight took 41 -> 21
+    us at 2 rows, 47 -> 29 at 5, 53 -> 42 at 9 on the VM of 2026-11-29's morning (BENCHMARKS, speculative
+    decoding); one row keeps F.linear."""
     if exact:
         return linear(x, m.weight, m.bias, exact)
-    if kernels is not None and few_rows_f64(x, m):
+    if kernels is not None and few_rows(x):
         return kernels.linear_f64(x.contiguous(), m.weight)
     if x.dim() == 2 and 2 <= x.shape[0] <= 16 and x.device.type == "cpu" \
             and x.dtype in (torch.float32, torch.float64) and type(m) is torch.nn.Linear and m.bias is None \
@@ -134,18 +136,19 @@ def proj(m: torch.nn.Linear, x: torch.Tensor, exact: bool | str | None, kernels:
     return m(x)
 
 
-FEW_ROWS = 16
-"""Rows a float64 linear layer or LM head hands to the C++ kernel (linear_f64); more go to MKL's GEMM."""
-
-
-def few_rows_f64(x: torch.Tensor, m: torch.nn.Linear | torch.nn.Embedding) -> bool:
-    """Whether linear_f64 takes x·wᵀ: float64 inference on a CPU, 1-FEW_ROWS rows, a plain contiguous
-    weight without bias, sizes multiples of 8."""
+def linear_f64_takes(m: torch.nn.Linear | torch.nn.Embedding) -> bool:
+    """Whether the C++ kernels' linear_f64 can take this layer's x·wᵀ: a plain float64 CPU weight, contiguous,
+    no bias, sizes multiples of 8. Checked once, by pack_for_cpu (a step asks ~13 times: ~4 us each when
+    checked per call); a call then checks only its rows (`few_rows`)."""
     w = m.weight
-    return (x.dim() == 2 and 1 <= x.shape[0] <= FEW_ROWS and x.dtype == w.dtype == torch.float64
-            and x.device.type == "cpu" and type(m) in (torch.nn.Linear, torch.nn.Embedding)
-            and getattr(m, "bias", None) is None and w.is_contiguous() and w.shape[0] % 8 == 0
-            and w.shape[1] % 8 == 0 and not torch.is_grad_enabled())
+    return (type(m) in (torch.nn.Linear, torch.nn.Embedding) and getattr(m, "bias", None) is None
+            and w.dtype == torch.float64 and w.device.type == "cpu" and w.is_contiguous()
+            and w.shape[0] % 8 == 0 and w.shape[1] % 8 == 0)
+
+
+def few_rows(x: torch.Tensor) -> bool:
+    """Rows the float64 C++ kernels take (FEW_ROWS_F64 at most: a decode, a verified draft), in inference."""
+    return x.dim() == 2 and x.shape[0] <= FEW_ROWS_F64 and not torch.is_grad_enabled()
 
 
 def by_weight(w_ND: torch.Tensor, x_RD: torch.Tensor) -> torch.Tensor:

@@ -54,7 +54,7 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.c, cfg.rms_norm_eps)
         self.qkv_proj: nn.Linear | None = None  # see fuse_qkv
         self.exact: bool | str = False  # batch-invariant numerics' mode (serve/model/numerics.py)
-        self.f64_kernels: ModuleType | None = None  # the C++ kernels' linear_f64 (numerics.proj), set by pack_for_cpu
+        self.f64_kernels: ModuleType | None = None  # for qkv_proj and o_proj's linear_f64 (numerics.proj): pack_for_cpu
 
     def fuse_qkv(self) -> None:
         """Inference only: q, k and v projections as one linear layer (two fewer matmuls per layer and
@@ -140,6 +140,7 @@ class SparseMoE(nn.Module):
         self.train_mxfp8 = False  # training: experts through the MXFP8 straight-through path
         self.quant_cache: QuantCache | None = None  # training: the masters' MXFP8 copy, once per optimizer step
         self.cpu_kernels: ModuleType | None = None  # inference on a CPU: kernels/cpu_ext.py (pack_for_cpu)
+        self.gate_kernels: ModuleType | None = None  # for the router's linear_f64 (numerics.proj): pack_for_cpu
         self.index = 0  # among the model's MoE layers (the M of routes [T, M, K])
         self.replay_counts: torch.Tensor | None = None  # [rows replayed, of those with other experts]
         self.exact: bool | str = False  # batch-invariant numerics' mode (serve/model/numerics.py)
@@ -149,7 +150,7 @@ class SparseMoE(nn.Module):
         """`replay_TK`: experts to use instead of the router's top-k (training on what the server routed;
         rows with a -1 keep the router's own choice), weighted by the router's probabilities of those
         experts, so the router still learns. `record` (routes_SMK, slots_T): store each token's experts."""
-        logits_TE = proj(self.gate, x_TD, self.exact, self.cpu_kernels)  # float64: the linear kernel (few rows)
+        logits_TE = proj(self.gate, x_TD, self.exact, self.gate_kernels)
         probs_TE = (numerics.router_probs(logits_TE, self.exact) if self.exact
                     else torch.softmax(logits_TE, dim=-1, dtype=acc_dtype(logits_TE.dtype)))
         weights_TK, ids_TK = torch.topk(probs_TE, self.top_k, dim=-1)
@@ -269,7 +270,7 @@ class Qwen3MoeModel(nn.Module):
         # False: every layer's Python forward (the same result; for profiling layer by layer)
         self.fused_decode = True
         self.batch_invariant = False  # see set_batch_invariant
-        self.f64_kernels: ModuleType | None = None  # the C++ kernels' linear_f64 for the LM head, set by pack_for_cpu
+        self.f64_kernels: ModuleType | None = None  # for the LM head's linear_f64: pack_for_cpu
         self.activation_checkpointing = False  # training: keep each layer's input only, recompute the rest
         for i, moe in enumerate(self.moe_layers()):
             moe.index = i
@@ -305,7 +306,7 @@ class Qwen3MoeModel(nn.Module):
         In float64 with the C++ kernels (`f64_kernels`), 1-16 rows go through their linear_f64 instead:
         0.96-0.98x a step at 1-9 rows, and a row's logits do not depend on the step's other rows."""
         head = self.lm_head if self.lm_head is not None else self.embed_tokens
-        if not self.batch_invariant and self.f64_kernels is not None and numerics.few_rows_f64(h_ND, head):
+        if self.f64_kernels is not None and not self.batch_invariant and numerics.few_rows(h_ND):
             return self.f64_kernels.linear_f64(h_ND.contiguous(), head.weight)
         if not self.batch_invariant and h_ND.dim() == 2 and h_ND.device.type == "cpu" and \
                 not torch.is_grad_enabled() and (self.lm_head is None or type(self.lm_head) is nn.Linear
@@ -408,9 +409,15 @@ class Qwen3MoeModel(nn.Module):
             for moe in self.moe_layers():  # moe_forward takes the float64 kernel for its few-row steps
                 moe.cpu_kernels = cpu_kernels
             linear = cpu_kernels if hasattr(cpu_kernels, "linear_f64") else None
-            self.f64_kernels = linear  # the projections' and LM head's few rows (numerics.proj, logits)
+
+            def fit(*mods: nn.Module) -> ModuleType | None:  # the kernels, where every weight suits linear_f64
+                return linear if linear is not None and all(numerics.linear_f64_takes(m) for m in mods) else None
+
+            self.f64_kernels = fit(self.lm_head if self.lm_head is not None else self.embed_tokens)
             for layer in self.layers:
-                layer.self_attn.f64_kernels = linear
+                layer.self_attn.f64_kernels = fit(layer.self_attn.qkv_proj, layer.self_attn.o_proj)
+            for moe in self.moe_layers():
+                moe.gate_kernels = fit(moe.gate)
             return "q/k/v fused" + (", experts' decode rows in the float64 CPU kernel"
                                     if hasattr(cpu_kernels, "moe_experts_f64") else "") \
                 + (", projections' and LM head's in the float64 linear kernel" if linear is not None else "")

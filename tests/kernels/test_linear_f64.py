@@ -49,15 +49,21 @@ def test_refuses_what_it_cannot_take(kernels):
 def test_proj_takes_it_for_few_float64_rows_only(kernels):
     torch.manual_seed(0)
     m = torch.nn.Linear(128, 256, bias=False, dtype=torch.float64)
+    assert numerics.linear_f64_takes(m)
     with torch.inference_mode():
         for rows in (1, 9, 16):
             x = torch.randn(rows, 128, dtype=torch.float64)
             assert torch.equal(numerics.proj(m, x, False, kernels), kernels.linear_f64(x, m.weight))
         x = torch.randn(17, 128, dtype=torch.float64)  # a prefill's rows: MKL's GEMM
-        assert not numerics.few_rows_f64(x, m)
+        assert not numerics.few_rows(x)
         torch.testing.assert_close(numerics.proj(m, x, False, kernels), F.linear(x, m.weight))
-        assert not numerics.few_rows_f64(torch.randn(2, 128), m.float())
-    assert not numerics.few_rows_f64(torch.randn(2, 128, dtype=torch.float64), m)  # grad on: training
+    # weights the kernel cannot take (pack_for_cpu gives those layers no kernels)
+    assert not numerics.linear_f64_takes(torch.nn.Linear(128, 256, bias=False))  # float32
+    assert not numerics.linear_f64_takes(torch.nn.Linear(128, 256, dtype=torch.float64))  # a bias
+    assert not numerics.linear_f64_takes(torch.nn.Linear(128, 12, bias=False, dtype=torch.float64))
+    x = torch.randn(2, 128, dtype=torch.float64)
+    assert not numerics.few_rows(x)  # grad on: training
+    assert numerics.proj(m, x, False, kernels).requires_grad  # so the module's own forward, with its graph
 
 
 def test_the_served_float64_model_takes_it_for_heads_and_projections(kernels):
@@ -73,6 +79,7 @@ def test_the_served_float64_model_takes_it_for_heads_and_projections(kernels):
     model = Qwen3MoeModel(replace(ModelConfig.from_dir(BUILTIN_DIR), num_hidden_layers=1)).to(torch.float64).eval()
     model.pack_for_cpu(cpu_kernels=kernels)
     assert model.f64_kernels is kernels and all(layer.self_attn.f64_kernels is kernels for layer in model.layers)
+    assert all(moe.gate_kernels is kernels for moe in model.moe_layers())
     with torch.inference_mode():
         h = torch.randn(9, model.cfg.hidden_size, dtype=torch.float64)
         together = model.logits(h)
