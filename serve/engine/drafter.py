@@ -37,6 +37,7 @@ MIN_MATCH = 2  # context tokens that must match before anything is proposed
 MAX_MATCH = 24  # how far back a match is extended (longer matches are not more telling)
 MAX_CANDIDATES = 48  # most recent occurrences of the context's last pair considered per query
 SEPARATOR = -1  # between documents in a store: no match or continuation crosses it
+PAIR_SHIFT = 32  # a pair of token ids as one int64 key: (left << PAIR_SHIFT) | right (ids are below 2**31)
 
 
 @dataclass
@@ -152,17 +153,28 @@ class SuffixIndex:
         if not cands:
             return 0, []
         first = max(start + 2, self.offset)  # evicted text (or a match that would start in it) is left out
-        recent = [p - self.offset for p in cands[: -MAX_CANDIDATES - 1 : -1] if p >= first]
+        recent = cands[: -MAX_CANDIDATES - 1 : -1]  # most recent first: the oldest last
+        if self.offset or recent[-1] < first:
+            recent = [p - self.offset for p in recent if p >= first]
         return longest(self.tokens, recent, context)
 
 
 def longest(toks: list[int], cands, context: list[int]) -> tuple[int, list[int]]:
     """Of candidate indexes i (toks[i-2:i] == context[-2:]), those whose match with the end of `context`
-    is longest (up to MAX_MATCH tokens), in the order given, and that length."""
+    is longest (up to MAX_MATCH tokens), in the order given, and that length. Once a match of `best`
+    tokens is found, a candidate is first compared over its last `best` tokens in one slice comparison:
+    most candidates of a common pair fall short there, without a token-by-token walk. (A context holds
+    token ids only, never SEPARATOR, so no match crosses one.)"""
     best, matched, n_ctx = 0, [], len(context)
     for i in cands:
-        m, limit = MIN_MATCH, min(MAX_MATCH, n_ctx, i)
-        while m < limit and toks[i - m - 1] == context[-m - 1] and toks[i - m - 1] != SEPARATOR:
+        limit = min(MAX_MATCH, n_ctx, i)
+        if best > MIN_MATCH:
+            if limit < best or toks[i - best : i] != context[n_ctx - best :]:
+                continue  # shorter than the best match so far
+            m = best
+        else:
+            m = MIN_MATCH
+        while m < limit and toks[i - m - 1] == context[-m - 1]:
             m += 1
         if m > best:
             best, matched = m, [i]
@@ -174,12 +186,14 @@ def longest(toks: list[int], cands, context: list[int]) -> tuple[int, list[int]]
 class TextIndex:
     """A sequence's own text (prompt and output so far), searched by a scan instead of an index: building
     SuffixIndex's pair index costs ~5 µs a token, so a 1,400-token prompt cost 7 ms on the request's first
-    decode step (two steps of the built-in model); a vectorised scan for the context's last pair costs
-    ~20 µs a query at 16k tokens. Same queries as SuffixIndex (`propose`, `matches`)."""
+    decode step (two steps of the built-in model); a vectorised scan for the context's last pair (each
+    pair kept as one int64 key) costs ~10-20 µs a query at 16k tokens. Same queries as SuffixIndex
+    (`propose`, `matches`)."""
 
     def __init__(self, token_ids: list[int]):
         self.tokens: list[int] = []
-        self.array = np.empty(max(64, 2 * len(token_ids)), dtype=np.int64)
+        # pairs[j]: tokens j and j + 1 as one key (PAIR_SHIFT), so a query is one comparison, not two and an and
+        self.pairs = np.empty(max(64, 2 * len(token_ids)), dtype=np.int64)
         self.extend(token_ids)
 
     def __len__(self) -> int:
@@ -187,20 +201,29 @@ class TextIndex:
 
     def extend(self, new: list[int]) -> None:
         n, m = len(self.tokens), len(new)
-        if n + m > len(self.array):
+        if not m:
+            return
+        if n + m > len(self.pairs):
             grown = np.empty(2 * (n + m), dtype=np.int64)
-            grown[:n] = self.array[:n]
-            self.array = grown
-        self.array[n : n + m] = new
+            grown[:n] = self.pairs[:n]
+            self.pairs = grown
+        # the key of each pair that ends in a new token (the first pairs the last old token with it)
+        if n and m <= 8:  # a decode step's few tokens: numpy's fixed cost would be most of the time
+            prev = self.tokens[-1]
+            for j, t in enumerate(new, n - 1):
+                self.pairs[j] = (prev << PAIR_SHIFT) | t
+                prev = t
+        else:
+            ids = np.asarray(new if not n else [self.tokens[-1], *new], dtype=np.int64)
+            self.pairs[max(n - 1, 0) : n + m - 1] = (ids[:-1] << PAIR_SHIFT) | ids[1:]
         self.tokens.extend(new)
 
     def matches(self, context: list[int], start: int = 0) -> tuple[int, list[int]]:
         n = len(self.tokens)
         if len(context) < MIN_MATCH or n < 3:
             return 0, []
-        a = self.array
         # pairs (j, j+1) before the text's own last pair; the continuation starts at j + 2
-        hits = np.flatnonzero((a[: n - 2] == context[-2]) & (a[1 : n - 1] == context[-1]))
+        hits = np.flatnonzero(self.pairs[: n - 2] == ((context[-2] << PAIR_SHIFT) | context[-1]))
         if not len(hits):
             return 0, []
         recent = (hits[: -MAX_CANDIDATES - 1 : -1] + 2).tolist()
@@ -222,6 +245,12 @@ def frequent_path(occurrences: list[tuple[list[int], int]], k: int, match: int) 
     prop = Proposal(match=match)
     live, depth = occurrences, 0
     while live and depth < k:
+        if len(live) == 1:  # one occurrence left: the rest of its continuation, each token sure
+            toks, i = live[0]
+            rest = _take(toks, i + depth, k - depth)
+            prop.tokens += rest
+            prop.confidence += [1.0] * len(rest)
+            break
         counts: dict[int, int] = {}
         for toks, i in live:
             if i + depth < len(toks) and (t := toks[i + depth]) != SEPARATOR:
@@ -231,7 +260,8 @@ def frequent_path(occurrences: list[tuple[list[int], int]], k: int, match: int) 
         tok, c = max(counts.items(), key=lambda kv: kv[1])
         prop.tokens.append(tok)
         prop.confidence.append(c / len(live))
-        live = [(toks, i) for toks, i in live if i + depth < len(toks) and toks[i + depth] == tok]
+        if c < len(live):  # some occurrence went another way, or ended
+            live = [(toks, i) for toks, i in live if i + depth < len(toks) and toks[i + depth] == tok]
         depth += 1
     return prop
 

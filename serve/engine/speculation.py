@@ -90,9 +90,10 @@ class StepCost:
 
     def __init__(self) -> None:
         self.base: dict[int, list[float]] = {}  # batch bucket -> [seconds, observations]
-        self.ratio: dict[tuple[int, int], list[float]] = {}  # (batch bucket, draft bucket) -> [ratio, observations]
+        self.ratio: dict[int, dict[int, list[float]]] = {}  # batch bucket -> draft bucket -> [ratio, observations]
         self.seqs = 1  # sequences in the step being planned (set by the planner before the step)
         self.prefill: list[float] | None = None  # [seconds per row of a prefill step, observations]
+        self._factors: dict[tuple[int, int], list[float]] = {}  # factors(n, upto) since the ratios last changed
 
     @staticmethod
     def _update(cell: list[float], value: float, alpha: float) -> None:
@@ -115,7 +116,9 @@ class StepCost:
         plain = self.base.get(nb)
         if plain is None or plain[1] < 1:  # no plain step of this batch yet: nothing to relate it to
             return
-        self._update(self.ratio.setdefault((nb, _bucket(extra)), [seconds / plain[0], 0]), seconds / plain[0], self.ALPHA)
+        cells = self.ratio.setdefault(nb, {})
+        self._factors.clear()
+        self._update(cells.setdefault(_bucket(extra), [seconds / plain[0], 0]), seconds / plain[0], self.ALPHA)
 
     def observe_prefill(self, rows: int, seconds: float) -> None:
         """A step of prefill chunks alone (`rows` tokens, draft rows included) took `seconds`."""
@@ -141,11 +144,18 @@ class StepCost:
         return self.base[near][0] * max(nb, 1) / max(near, 1) if near < nb else self.base[near][0]
 
     def factors(self, n: int, upto: int) -> list[float]:
-        """Steps verifying 0..upto draft tokens over n sequences, in plain steps of n."""
-        nb = _bucket(n)
+        """Steps verifying 0..upto draft tokens over n sequences, in plain steps of n (kept until the next
+        verifying step is observed: the planner asks every step, and plain steps leave the table as it is;
+        the list is shared, not to be changed)."""
+        key = (_bucket(n), upto)
+        if (out := self._factors.get(key)) is None:
+            out = self._factors[key] = self._table(key[0], upto)
+        return out
+
+    def _table(self, nb: int, upto: int) -> list[float]:
         seen, lo = {}, 1.0
-        for (b, e), c in sorted(self.ratio.items()):
-            if b == nb and c[1] >= self.SEEN:
+        for e, c in sorted(self.ratio.get(nb, {}).items()):
+            if c[1] >= self.SEEN:
                 lo = max(lo, c[0])  # monotone: more rows never cost less
                 seen[e] = lo
         points = [(0, 1.0), *sorted(seen.items())]

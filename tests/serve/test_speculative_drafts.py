@@ -27,6 +27,61 @@ def test_the_scanned_index_finds_what_the_pair_index_finds():
             assert (a.tokens, a.confidence, a.match) == (b.tokens, b.confidence, b.match)
 
 
+def test_matches_and_proposals_agree_with_a_token_by_token_walk():
+    """`longest` skips candidates that cannot beat the best match found so far, `TextIndex` keys pairs as
+    one int64 (extended a token at a time or in chunks) and `frequent_path` takes a lone occurrence's rest
+    at once: all must answer as the plain walk over every candidate does."""
+    from serve.engine.drafter import MAX_CANDIDATES, MAX_MATCH, SEPARATOR, frequent_path
+
+    def walk(toks, context):  # every occurrence of the last pair, most recent first, extended one by one
+        found = [i for i in range(2, len(toks)) if toks[i - 2 : i] == context[-2:]][::-1][:MAX_CANDIDATES]
+        best, matched = 0, []
+        for i in found:
+            m = 0
+            while m < min(MAX_MATCH, len(context), i) and toks[i - m - 1] == context[-m - 1]:
+                m += 1
+            if m > best:
+                best, matched = m, [i]
+            elif m == best:
+                matched.append(i)
+        return best, matched
+
+    def path(occ, k):  # the most frequent continuation, one token and one vote at a time
+        out, live = [], occ
+        for d in range(k):
+            counts = {}
+            for toks, i in live:
+                if i + d < len(toks) and toks[i + d] != SEPARATOR:
+                    counts[toks[i + d]] = counts.get(toks[i + d], 0) + 1
+            if not counts:
+                break
+            tok, c = max(counts.items(), key=lambda kv: kv[1])
+            out.append((tok, c / len(live)))
+            live = [(toks, i) for toks, i in live if i + d < len(toks) and toks[i + d] == tok]
+        return out
+
+    rng = random.Random(5)
+    for vocab in (3, 6, 40):  # few tokens: dozens of candidates per pair, long matches
+        phrases = [[rng.randrange(vocab) for _ in range(rng.randrange(2, 30))] for _ in range(8)]
+        text = [t for _ in range(30) for t in rng.choice(phrases)]
+        index = TextIndex(text[:3])
+        while len(index) < len(text):
+            index.extend(text[len(index) : len(index) + (1, 9, 2, 30)[len(index) % 4]])  # a decode step's few tokens, or a chunk
+            ctx = text[: len(index)]
+            best, matched = index.matches(ctx)
+            assert (best, matched) == walk(ctx, ctx)
+            for k in (1, 4, 8):
+                prop = frequent_path([(ctx, i) for i in matched], k, best)
+                assert list(zip(prop.tokens, prop.confidence, strict=True)) == path([(ctx, i) for i in matched], k)
+        store = SuffixIndex()  # the cache's store: documents between separators
+        for _ in range(20):
+            store.extend(rng.choice(phrases) + [SEPARATOR])
+        for end in range(5, len(text), 11):
+            ctx = text[:end]
+            best, matched = store.matches(ctx)
+            assert (best, matched) == walk(store.tokens, ctx)
+
+
 def test_the_own_text_and_the_cache_vote_together_on_equally_long_matches():
     from serve.engine.speculation import propose
 
