@@ -4,7 +4,9 @@ step in one process (bench/step_ab.py; log-probs agree to 1e-9):
   narrow          A: the experts' float64 values, B: their exact bfloat16 copies (MXFP8Tensor.narrow)
   build DIR       A: the expert kernel of an earlier build (DIR: its folder under ~/.cache/composer/kernels,
                   e.g. the one before eight weight rows' dots at a time), B: this build's; float64 weights
-Usage: python bench/serve-results/experts_ab.py narrow|build [DIR] N_STEPS [CONTEXT ...]. Issue 50."""
+  build-narrow DIR  the same with the bfloat16 copies the engine serves (e.g. DIR before an expert's weight
+                  rows were widened once for all its tokens)
+Usage: python bench/serve-results/experts_ab.py narrow|build|build-narrow [DIR] N_STEPS [CONTEXT ...]. Issue 50."""
 
 # ruff: noqa: E402 (the repository root goes on sys.path first)
 import asyncio
@@ -27,7 +29,7 @@ from serve.engine.native import EngineConfig, NativeEngine
 mode, args = sys.argv[1], sys.argv[2:]
 new = cpu_ext.build()
 old = new
-if mode == "build":
+if mode.startswith("build"):
     so = next(Path(args.pop(0)).glob("*.so"))
     spec = importlib.util.spec_from_file_location(so.stem, so)
     old = importlib.util.module_from_spec(spec)
@@ -41,7 +43,7 @@ wide = [(dataclasses.replace(m.w13, narrow=None), dataclasses.replace(m.w2, narr
 def use(arm: str) -> None:
     for i, m in enumerate(layers):
         m.cpu_kernels = old if arm == "A" else new
-        m.w13, m.w2 = narrow[i] if arm == "B" and mode == "narrow" else wide[i]
+        m.w13, m.w2 = narrow[i] if (arm == "B" and mode == "narrow") or mode == "build-narrow" else wide[i]
 
 
 step_ab(E, use, int(args[0]), [int(x) for x in args[1:]] or [1400], f"experts, {mode}: ")

@@ -259,12 +259,14 @@ def test_f64_kernel_refuses_what_it_cannot_take(kernels):
         kernels.moe_experts_f64(*f64_case(2, 4, 1, 12, 8, seed=6))
 
 
-def test_f64_kernel_widens_narrower_weights_to_the_same_sums(kernels):
+@pytest.mark.parametrize(("D", "inter"), [(128, 64), (544, 288)])
+def test_f64_kernel_widens_narrower_weights_to_the_same_sums(kernels, D, inter):
     """The experts' weights in float32 or bfloat16 holding the same values (MXFP8's, as a float64 server
-    holds them: MXFP8Tensor.narrow) give the float64 weights' result bit for bit."""
+    holds them: MXFP8Tensor.narrow) give the float64 weights' result bit for bit: widened in registers for
+    an expert's one token, into one float64 copy for its several (T of 2-9 over 8 experts)."""
     from kernels import MXFP8Tensor
 
-    x, ids, weights, w13, w2 = f64_case(9, 8, 2, 128, 64, seed=7)
+    x, ids, weights, w13, w2 = f64_case(9, 8, 2, D, inter, seed=7)
     q13, q2 = MXFP8Tensor.quantize(w13.float()).with_dense(torch.float64), MXFP8Tensor.quantize(w2.float()).with_dense(torch.float64)
     for T in (1, 2, 5, 9):
         want = kernels.moe_experts_f64(x[:T], ids[:T], weights[:T], q13.dense, q2.dense)
