@@ -42,8 +42,9 @@ using f64::VW;
 // f(w, r) for each of an expert's n tokens r, w: VW weight rows of `len` values. A single token reads
 // them as stored (widened in registers); several read one float64 copy made in L1 first, so that the
 // widening (three shuffles and converts per vector, which bound the dots at ~3 cycles a vector FMA) is
-// paid once per weight rows, not once per token: an expert's second and later tokens cost ~1/4 of the
-// first. Widening is exact, so the sums are the same, bit for bit.
+// paid once per weight rows, not once per token: an expert's second and later tokens cost about half
+// what they did (warm weights, bench/serve-results/experts_ab.log). Widening is exact: the same sums, bit
+// for bit.
 template <typename W, typename F>
 inline void each_token(const W* w, int64_t len, int64_t n, F&& f) {
   if (std::is_same_v<W, double> || n == 1) {
