@@ -39,15 +39,15 @@ using f64::dots;
 using f64::storev;
 using f64::VW;
 
-// f(w, r) for each of an expert's n tokens r, w: VW weight rows of `len` values. A single token reads
-// them as stored (widened in registers); several read one float64 copy made in L1 first, so that the
-// widening (three shuffles and converts per vector, which bound the dots at ~3 cycles a vector FMA) is
-// paid once per weight rows, not once per token: an expert's second and later tokens cost about half
-// what they did (warm weights, bench/serve-results/experts_ab.log). Widening is exact: the same sums, bit
-// for bit.
+// f(w, r) for each of an expert's n tokens r, w: VW weight rows of `len` values. One or two tokens read
+// them as stored (widened in registers); three or more read one float64 copy made in L1 first, so that
+// the widening (shuffles and converts per vector, which bound the dots at ~3 cycles a vector FMA) is paid
+// once per weight rows, not once per token (for two, the copy's stores and loads cost what they save).
+// The kernel alone: 0.77-0.91x at 5-9 tokens on two experts, 0.95-1.01x on random ones
+// (bench/serve-results/experts_kernel_ab.log). Widening is exact: the same sums, bit for bit.
 template <typename W, typename F>
 inline void each_token(const W* w, int64_t len, int64_t n, F&& f) {
-  if (std::is_same_v<W, double> || n == 1) {
+  if (std::is_same_v<W, double> || n <= 2) {
     for (int64_t r = 0; r < n; ++r) f(w, r);
     return;
   }

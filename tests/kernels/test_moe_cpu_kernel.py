@@ -263,7 +263,7 @@ def test_f64_kernel_refuses_what_it_cannot_take(kernels):
 def test_f64_kernel_widens_narrower_weights_to_the_same_sums(kernels, D, inter):
     """The experts' weights in float32 or bfloat16 holding the same values (MXFP8's, as a float64 server
     holds them: MXFP8Tensor.narrow) give the float64 weights' result bit for bit: widened in registers for
-    an expert's one token, into one float64 copy for its several (T of 2-9 over 8 experts)."""
+    an expert's one or two tokens, into one float64 copy for three or more (T of 2-9 over 8 experts)."""
     from kernels import MXFP8Tensor
 
     x, ids, weights, w13, w2 = f64_case(9, 8, 2, D, inter, seed=7)
