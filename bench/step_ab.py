@@ -1,18 +1,31 @@
 """A CPU step A/B in one process: one engine, a sequence with CONTEXT random tokens in its cache, then steps
 of 1-9 query rows (a decode, or a draft of r - 1 tokens verified), arm A and arm B alternating step by
 step (`use(arm)` switches the engine between them), thread CPU time per step, their log-probs checked to
-agree to 1e-9 every step. bench/serve-results/lm_head_ab.py and f64_kernels_ab.py run it (issue 50)."""
+agree to 1e-9 every step. bench/serve-results/lm_head_ab.py and f64_kernels_ab.py run it (issue 50).
+`earlier_build` loads another build of the C++ kernels for a build-against-build A/B."""
 
 from __future__ import annotations
 
+import importlib.util
 import random
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
 
 import torch
 
 ROWS = (1, 2, 3, 5, 9)
+
+
+def earlier_build(folder: str | Path) -> ModuleType:
+    """The C++ kernels as another build left them: its folder under ~/.cache/composer/kernels (kernels/cpu_ext.py)."""
+    so = next(Path(folder).glob("*.so"))
+    spec = importlib.util.spec_from_file_location(so.stem, so)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def step_ab(engine, use: Callable[[str], None], steps: int, contexts: list[int], label: str = "") -> None:

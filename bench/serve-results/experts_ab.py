@@ -11,17 +11,15 @@ Usage: python bench/serve-results/experts_ab.py narrow|build|build-narrow [DIR] 
 # ruff: noqa: E402 (the repository root goes on sys.path first)
 import asyncio
 import dataclasses
-import importlib.util
 import os
 import sys
-from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 import torch
 
 torch.set_num_threads(1)
-from bench.step_ab import step_ab
+from bench.step_ab import earlier_build, step_ab
 from kernels import cpu_ext
 from serve.cli import BUILTIN_DIR
 from serve.engine.native import EngineConfig, NativeEngine
@@ -30,10 +28,7 @@ mode, args = sys.argv[1], sys.argv[2:]
 new = cpu_ext.build()
 old = new
 if mode.startswith("build"):
-    so = next(Path(args.pop(0)).glob("*.so"))
-    spec = importlib.util.spec_from_file_location(so.stem, so)
-    old = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(old)
+    old = earlier_build(args.pop(0))
 E = NativeEngine(str(BUILTIN_DIR), EngineConfig(dtype="float64", max_num_seqs=8))
 layers = E.model.moe_layers()
 narrow = [(m.w13, m.w2) for m in layers]

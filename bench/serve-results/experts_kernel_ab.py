@@ -5,7 +5,6 @@ D = I = 128) sent to the same two experts or to random ones, with the weights wa
 bench/serve-results/experts_kernel_ab.py DIR (an earlier build's folder under ~/.cache/composer/kernels). Issue 50."""
 
 # ruff: noqa: E402 (the repository root goes on sys.path first)
-import importlib.util
 import statistics
 import sys
 import time
@@ -14,13 +13,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch
 
+from bench.step_ab import earlier_build
 from kernels import cpu_ext
 
 torch.set_num_threads(1)
-so = next(Path(sys.argv[1]).glob("*.so"))
-spec = importlib.util.spec_from_file_location(so.stem, so)
-old = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(old)
+old = earlier_build(sys.argv[1])
 new = cpu_ext.build()
 E, INTER, D, K = 8, 128, 128, 2
 g = torch.Generator().manual_seed(0)

@@ -27,8 +27,9 @@ COSTS = [4.35, 4.75, 5.32, 5.53, 5.74, 6.07, 6.40, 6.74, 7.07]  # ms at 0-8 draf
 
 
 def revision(rev: str) -> tuple:
-    """drafter and speculation as they were at `rev`, as modules (the old speculation imports the old drafter)."""
-    saved = sys.modules["serve.engine.drafter"]
+    """drafter and speculation as they were at `rev`, as modules (the old speculation imports the old drafter);
+    sys.modules is left as it was."""
+    saved = {name: sys.modules[f"serve.engine.{name}"] for name in ("drafter", "speculation")}
     mods = []
     for name in ("drafter", "speculation"):
         text = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:serve/engine/{name}.py"], check=True,
@@ -38,7 +39,8 @@ def revision(rev: str) -> tuple:
         sys.modules[f"serve.engine.{name}"] = mod
         exec(compile(text, f"{rev}:serve/engine/{name}.py", "exec"), mod.__dict__)
         mods.append(mod)
-    sys.modules["serve.engine.drafter"] = saved
+    for name, mod in saved.items():
+        sys.modules[f"serve.engine.{name}"] = mod
     return tuple(mods)
 
 
