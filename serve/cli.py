@@ -20,7 +20,7 @@ from pathlib import Path
 from serve.engine.drafter import DEFAULT_CACHE_TOKENS as SPEC_CACHE
 from serve.engine.drafter import DEFAULT_TOKENS as SPEC_TOKENS
 from serve.engine.drafter import METHODS as SPEC_METHODS
-from serve.engine.drafter import SpecConfig
+from serve.engine.drafter import SpecConfig, cache_size
 
 BUILTIN_NAME = "composer-tiny"
 # COMPOSER_BUILTIN_MODEL overrides the folder (tests, packagers); composer-agent reads the same variable.
@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "drafted where verifying would cost more than it saves)")
     n.add_argument("--speculative-cache-tokens", type=int, default=SPEC_CACHE,
                    help=f"tokens of recent outputs kept for suffix drafts, over all API keys (default {SPEC_CACHE}, "
-                        f"~{SPEC_CACHE * 64 // 2**20} MiB at most; 0: none)")
+                        f"{cache_size(SPEC_CACHE)}; 0: none)")
     n.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
                    help="auto: the checkpoint's weights (default); dummy: random weights made on the device from "
                         "config.json alone, for measuring speed at a model's shape (the folder still needs its "

@@ -63,7 +63,16 @@ DEFAULT_TOKENS = 8
 """Draft tokens per sequence at most (--num-speculative-tokens): measured on the edit-heavy replay of
 bench/spec.py (BENCHMARKS.md, "Speculative decoding")."""
 DEFAULT_CACHE_TOKENS = 1 << 18
-"""Tokens of recent outputs kept for drafting, over all tenants (~64 bytes each)."""
+"""Tokens of recent outputs kept for drafting, over all tenants."""
+CACHE_BYTES = (70, 640)
+"""The cache's memory per token of its budget (tracemalloc): on agent outputs (pairs and tokens recur), and
+at most, on text that never repeats in a large vocabulary with every store at twice its live tokens."""
+
+
+def cache_size(tokens: int) -> str:
+    """The memory a cache of `tokens` takes, for start-up and --help."""
+    typical, most = (tokens * b / 2**20 for b in CACHE_BYTES)
+    return f"~{typical:.0f} MiB on agent text, {most:.0f} MiB at most"
 
 
 @dataclass(frozen=True)
@@ -102,21 +111,29 @@ class SuffixIndex:
         self.tokens: list[int] = []
         self.offset = 0  # absolute position of tokens[0]
         self.after: dict[tuple[int, int], list[int]] = {}  # (t[i-2], t[i-1]) -> absolute positions i
+        self.single: dict[int, list[int]] = {}  # t[i-1] -> absolute positions i (the one-token fallback)
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     def extend(self, new: list[int]) -> None:
-        toks, after = self.tokens, self.after
+        toks, after, single = self.tokens, self.after, self.single
         for t in new:
             n = len(toks)
-            if n >= 2 and toks[n - 1] != SEPARATOR and toks[n - 2] != SEPARATOR:
-                key = (toks[n - 2], toks[n - 1])
-                lst = after.get(key)
+            if n and (prev := toks[n - 1]) != SEPARATOR:
+                pos = n + self.offset
+                lst = single.get(prev)
                 if lst is None:
-                    after[key] = [n + self.offset]
+                    single[prev] = [pos]
                 else:
-                    lst.append(n + self.offset)
+                    lst.append(pos)
+                if n >= 2 and toks[n - 2] != SEPARATOR:
+                    key = (toks[n - 2], prev)
+                    lst = after.get(key)
+                    if lst is None:
+                        after[key] = [pos]
+                    else:
+                        lst.append(pos)
             toks.append(t)
 
     def trim(self, keep: int) -> None:
@@ -126,7 +143,7 @@ class SuffixIndex:
         if drop <= 0:
             return
         kept = self.tokens[drop:]
-        self.tokens, self.offset, self.after = [], self.offset + drop, {}
+        self.tokens, self.offset, self.after, self.single = [], self.offset + drop, {}, {}
         self.extend(kept)
 
     def propose(self, context: list[int], k: int, frequency: bool = True, start: int = 0) -> Proposal:
@@ -157,6 +174,15 @@ class SuffixIndex:
         if self.offset or recent[-1] < first:
             recent = [p - self.offset for p in recent if p >= first]
         return longest(self.tokens, recent, context)
+
+    def follows(self, token: int, start: int = 0) -> list[int]:
+        """Indexes (into `tokens`) just after the occurrences of one token, most recent first (at most
+        MAX_CANDIDATES; none before absolute position `start`): the fallback where no pair matches."""
+        cands = self.single.get(token)
+        if not cands:
+            return []
+        first = max(start + 1, self.offset)
+        return [p - self.offset for p in cands[: -MAX_CANDIDATES - 1 : -1] if p >= first]
 
 
 def longest(toks: list[int], cands, context: list[int]) -> tuple[int, list[int]]:
@@ -311,6 +337,13 @@ class DraftCache:
             return 0, [], []
         best, found = store.matches(context, self.start(scope))
         return best, found, store.tokens
+
+    def follows(self, scope: str, token: int) -> tuple[list[int], list[int]]:
+        """SuffixIndex.follows in a scope's store: (indexes, the store's tokens)."""
+        store = self.stores.get(scope)
+        if store is None:
+            return [], []
+        return store.follows(token, self.start(scope)), store.tokens
 
     def start(self, scope: str) -> int:
         store = self.stores[scope]

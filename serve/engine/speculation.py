@@ -22,7 +22,8 @@ the count kept is the one whose step gives the most expected tokens per second. 
 step's rows cost their share) and text that never repeats (no proposal, or acceptance too low to pay)
 verify nothing: the step is a plain decode step. A sequence whose look-ups keep finding nothing (text
 that never repeats) is looked up less often after 8 empty look-ups in a row, down to every 8th step,
-until one finds a proposal.
+until one finds a proposal. (A look-up that found only the one-token fallback of `propose` counts as
+empty here: any token of a large vocabulary recurs in a busy cache.)
 
 A prompt's first tokens are drafted too: a sequence whose prefill ends this step carries a draft after
 its prompt (what followed the same prompt tail in recent outputs, or in its own earlier turns), and the
@@ -41,7 +42,16 @@ from collections.abc import Iterable
 
 import torch
 
-from serve.engine.drafter import MAX_MATCH, DraftCache, Proposal, SeqDrafter, SpecConfig, frequent_path
+from serve.engine.drafter import (
+    MAX_MATCH,
+    MIN_MATCH,
+    DraftCache,
+    Proposal,
+    SeqDrafter,
+    SpecConfig,
+    cache_size,
+    frequent_path,
+)
 from serve.engine.sampling import (
     GREEDY_BELOW,
     Pick,
@@ -252,7 +262,7 @@ class Speculator:
                 seq.spec.idle -= 1
                 continue
             prop, tokens = self._proposal(seq, 1 if probe else k)
-            seq.spec.looked(bool(prop.tokens))
+            seq.spec.looked(prop.match >= MIN_MATCH)
             seq.spec.confidence = prop.confidence[: len(tokens)]
             if probe or not adaptive:
                 seq.draft = tokens[:1] if probe else tokens
@@ -347,8 +357,8 @@ class Speculator:
     def describe(self) -> str:
         if not self.config.on:
             return ""
-        cache = (f", cache of recent outputs {self.config.cache_tokens} tokens (~{self.config.cache_tokens * 64 / 2**20:.0f} "
-                 "MiB at most), per API key" if self.cache is not None else "")
+        cache = (f", cache of recent outputs {self.config.cache_tokens} tokens ({cache_size(self.config.cache_tokens)}), "
+                 "per API key" if self.cache is not None else "")
         return f"speculative decoding: {self.config.method}, up to {self.config.num_tokens} draft tokens{cache}"
 
 
@@ -356,13 +366,17 @@ def propose(config: SpecConfig, spec: SeqDrafter, cache: DraftCache | None, toke
     """A sequence's draft of up to k tokens (its drafter synced to `token_ids`). ngram: prompt lookup in
     its own text. suffix: the longest suffix of its text found in its own text or in the recent outputs
     of its scope; where both hold it equally long, their occurrences together vote on the continuation
-    (bench/spec_sim.py replays this)."""
+    (bench/spec_sim.py replays this). Where neither holds the last two tokens, what followed the last
+    token alone in the recent outputs (the token a greedy answer just diverged on, a number before `.`,
+    the end of a tool call): the outputs' own habits, where the prompt's single tokens are too many and
+    too varied to vote (BENCHMARKS.md, "One-token fallback")."""
     if cache is None:
         return spec.index.propose(token_ids, k, frequency=config.method == "suffix")
     own_m, own = spec.index.matches(token_ids)
     other_m, other, other_toks = cache.matches(spec.scope, token_ids[-MAX_MATCH:])
     if not own and not other:
-        return Proposal()
+        after, toks = cache.follows(spec.scope, token_ids[-1])
+        return frequent_path([(toks, i) for i in after], k, 1) if after else Proposal()
     occ = [(spec.index.tokens, i) for i in own] if own_m >= other_m else []
     if other_m >= own_m:
         occ += [(other_toks, i) for i in other]

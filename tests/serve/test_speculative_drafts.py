@@ -199,6 +199,48 @@ def test_text_that_never_repeats_is_looked_up_less_and_less_until_a_proposal_is_
     assert seq.draft and seq.spec.misses == 0 and seq.spec.idle == 0
 
 
+def test_where_no_pair_matches_the_last_token_alone_drafts_from_the_scopes_recent_outputs():
+    from serve.engine.speculation import propose
+
+    cache = DraftCache(max_tokens=10_000)
+    cache.add("alice", [], [40, 7, 41, 42, 43])  # after 7: 41 42 43, then (more recently) 41 44
+    cache.add("alice", [], [50, 7, 41, 44])
+    cache.add("bob", [], [60, 7, 99])
+    text = [1, 2, 3, 4, 5, 7]  # its pair (5, 7) occurs nowhere; 7 alone does, in the outputs
+    config = SpecConfig("suffix", 4)
+    alice = propose(config, SeqDrafter(text, "alice", 3), cache, text, 4)
+    assert (alice.tokens, alice.confidence, alice.match) == ([41, 44], [1.0, 0.5], 1)
+    assert propose(config, SeqDrafter(text, "bob", 3), cache, text, 4).tokens == [99]  # its own scope only
+    assert propose(config, SeqDrafter(text, "carol", 3), cache, text, 4).tokens == []
+    # a pair match wins over the fallback, and the own text's single tokens are never the fallback's
+    paired = [5, 7, 8, 1, 5, 7]
+    assert propose(config, SeqDrafter(paired, "alice", 3), cache, paired, 4).tokens == [8, 1, 5, 7]
+    own = [7, 30, 2, 9, 7]
+    assert propose(config, SeqDrafter(own, "carol", 3), cache, own, 4).tokens == []
+    # evicted outputs are not proposed from
+    small = DraftCache(max_tokens=12)
+    small.add("s", [], [7, 41, 42, 43, 44, 45])
+    small.add("s", [], [1, 2, 3, 4, 5, 6, 8])
+    assert propose(config, SeqDrafter(text, "s", 3), small, text, 4).tokens == []
+
+
+def test_a_look_up_that_found_only_the_one_token_fallback_still_counts_as_empty():
+    from serve.engine.speculation import Speculator, propose
+
+    spec = Speculator(SpecConfig("suffix", 8), max_model_len=4096)
+    for t in [139, *range(1000, 1010)]:  # each token the text below ends with once followed by 7
+        spec.cache.add("", [], [t, 7])
+    seq = _decoding(list(range(100, 140)))
+    for step in range(8):
+        spec.plan([seq])
+        assert propose(spec.config, seq.spec, spec.cache, seq.token_ids, 8).tokens == [7]
+        seq.token_ids.append(1000 + step)  # a new token each step, never seen in its own text
+        seq.num_computed = len(seq) - 1
+    # eight look-ups found a one-token proposal each, yet none was a match of the sequence's text: the
+    # backoff for text that never repeats has begun
+    assert seq.spec.misses == 8 and seq.spec.idle == 1
+
+
 def test_a_batch_whose_rows_cost_their_share_neither_drafts_nor_looks():
     from serve.engine.speculation import Speculator
 
