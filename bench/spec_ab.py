@@ -38,6 +38,15 @@ sys.path.insert(0, str(ROOT))
 from bench.spec import RANDOM_WEIGHTS, SETS, WARM_REQUESTS, WARM_TOKENS, first_forward, load_set, replay  # noqa: E402
 
 
+def _counts(engine) -> tuple[int, int, int]:
+    spec = engine.spec
+    return (spec.drafted, spec.accepted, spec.verifies) if spec is not None else (0, 0, 0)
+
+
+def _drafts(d: list[int]) -> str:
+    return f"{d[0]} tokens drafted in {d[2]} verifications, {d[1]} accepted"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--set", default="norepeat", choices=SETS)
@@ -91,6 +100,8 @@ def main() -> int:
     try:
         for e in engines.values():
             asyncio.run(replay(e, warm, args.temperature, 1, stops, args.warm_tokens))
+        # the measured arm's drafting counters after the warm-up: what its drafts cost and kept on this set
+        spec0 = {m: _counts(e) for m, e in engines.items()}
         n = args.concurrency
         groups = [reqs[i:i + n] for i in range(0, len(reqs), n)]
         for i, group in enumerate(groups):
@@ -107,6 +118,7 @@ def main() -> int:
                         from_prefill[m] += first_forward(out["accepted"]) - 1
             print(f"\r{i + 1}/{len(groups)} groups of {n}", end="", file=sys.stderr, flush=True)
         print(file=sys.stderr)
+        drafts = {m: [b - a for a, b in zip(spec0[m], _counts(e), strict=True)] for m, e in engines.items()}
     finally:
         for e in engines.values():
             asyncio.run(e.stop())
@@ -129,15 +141,18 @@ def main() -> int:
               "decode_steps_tok_s": steps_rate, "from_prefill": from_prefill,
               "decode_steps_ratio": steps_rate[m1] / steps_rate[m0],
               "request_s": request_s, "latency_ratio": request_s[m0] / max(request_s[m1], 1e-9),
-              "load_avg": os.getloadavg(), "greedy_differ": differ if args.temperature == 0 else None}
+              "load_avg": os.getloadavg(), "greedy_differ": differ if args.temperature == 0 else None,
+              "drafts": {m: dict(zip(("drafted", "accepted", "verifies"), d, strict=True)) for m, d in drafts.items()}}
     if n == 1:
         print(f"{args.set}, T={args.temperature:g}, batch 1, {len(reqs)} requests: decode tok/s {m0} {rate[m0]:.1f}, "
               f"{m1} {rate[m1]:.1f}: {result['ratio']:.3f}x; decode steps alone {result['decode_steps_ratio']:.3f}x "
-              f"({from_prefill[m1]} tokens from prefills); requests' time {result['latency_ratio']:.3f}x shorter")
+              f"({from_prefill[m1]} tokens from prefills); requests' time {result['latency_ratio']:.3f}x shorter; "
+              f"{_drafts(drafts[m1])}")
     elif per_group:
         print(f"{args.set}, T={args.temperature:g}, batch {n}, {len(reqs)} requests in {len(groups)} groups: tok/s "
               f"{m0} {tput[m0]:.1f}, {m1} {tput[m1]:.1f}: {result['tok_s_ratio']:.3f}x; median of the groups' "
-              f"ratios {result['group_ratio_median']:.3f}x (min {min(per_group):.3f}, max {max(per_group):.3f})")
+              f"ratios {result['group_ratio_median']:.3f}x (min {min(per_group):.3f}, max {max(per_group):.3f}); "
+              f"{_drafts(drafts[m1])}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1))

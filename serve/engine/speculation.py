@@ -261,7 +261,7 @@ class Speculator:
             if adaptive and seq.spec is not None and seq.spec.idle > 0:  # its recent look-ups found nothing
                 seq.spec.idle -= 1
                 continue
-            prop, tokens = self._proposal(seq, 1 if probe else k)
+            prop, tokens = self._proposal(seq, 1 if probe else k, fallback=not probe)
             seq.spec.looked(prop.match >= MIN_MATCH)
             seq.spec.confidence = prop.confidence[: len(tokens)]
             if probe or not adaptive:
@@ -322,19 +322,19 @@ class Speculator:
         the context's end."""
         return min(seq.params.max_tokens - seq.num_generated - 1, self.max_model_len - len(seq))
 
-    def _proposal(self, seq: Sequence, k: int) -> tuple[Proposal, list[int]]:
+    def _proposal(self, seq: Sequence, k: int, fallback: bool = True) -> tuple[Proposal, list[int]]:
         """The drafter's proposal of up to k tokens, and its tokens up to the first its grammar forbids."""
-        prop = self._propose(seq, k)
+        prop = self._propose(seq, k, fallback)
         tokens = prop.tokens
         if seq.matcher is not None and tokens:  # a token the grammar forbids ends the draft
             tokens = tokens[: seq.matcher.validate_tokens(tokens)]
         return prop, tokens
 
-    def _propose(self, seq: Sequence, k: int) -> Proposal:
+    def _propose(self, seq: Sequence, k: int, fallback: bool = True) -> Proposal:
         if seq.spec is None:
             seq.spec = SeqDrafter(seq.token_ids, seq.params.draft_scope, seq.num_prompt_tokens, self.accept_rate)
         seq.spec.sync(seq.token_ids)
-        return propose(self.config, seq.spec, self.cache, seq.token_ids, k)
+        return propose(self.config, seq.spec, self.cache, seq.token_ids, k, fallback)
 
     # -- after a step ----------------------------------------------------------------------------------
 
@@ -362,19 +362,24 @@ class Speculator:
         return f"speculative decoding: {self.config.method}, up to {self.config.num_tokens} draft tokens{cache}"
 
 
-def propose(config: SpecConfig, spec: SeqDrafter, cache: DraftCache | None, token_ids: list[int], k: int) -> Proposal:
+def propose(config: SpecConfig, spec: SeqDrafter, cache: DraftCache | None, token_ids: list[int], k: int,
+            fallback: bool = True) -> Proposal:
     """A sequence's draft of up to k tokens (its drafter synced to `token_ids`). ngram: prompt lookup in
     its own text. suffix: the longest suffix of its text found in its own text or in the recent outputs
     of its scope; where both hold it equally long, their occurrences together vote on the continuation
     (bench/spec_sim.py replays this). Where neither holds the last two tokens, what followed the last
     token alone in the recent outputs (the token a greedy answer just diverged on, a number before `.`,
     the end of a tool call): the outputs' own habits, where the prompt's single tokens are too many and
-    too varied to vote (BENCHMARKS.md, "One-token fallback")."""
+    too varied to vote (BENCHMARKS.md, "One-token fallback"). `fallback=False` leaves that out: the plan's
+    probes of a sequence whose acceptance is low measure its matches, and on text that never repeats a
+    probe would otherwise verify a one-token guess every time."""
     if cache is None:
         return spec.index.propose(token_ids, k, frequency=config.method == "suffix")
     own_m, own = spec.index.matches(token_ids)
     other_m, other, other_toks = cache.matches(spec.scope, token_ids[-MAX_MATCH:])
     if not own and not other:
+        if not fallback:
+            return Proposal()
         after, toks = cache.follows(spec.scope, token_ids[-1])
         return frequent_path([(toks, i) for i in after], k, 1) if after else Proposal()
     occ = [(spec.index.tokens, i) for i in own] if own_m >= other_m else []

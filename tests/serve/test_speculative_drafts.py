@@ -212,6 +212,7 @@ def test_where_no_pair_matches_the_last_token_alone_drafts_from_the_scopes_recen
     assert (alice.tokens, alice.confidence, alice.match) == ([41, 44], [1.0, 0.5], 1)
     assert propose(config, SeqDrafter(text, "bob", 3), cache, text, 4).tokens == [99]  # its own scope only
     assert propose(config, SeqDrafter(text, "carol", 3), cache, text, 4).tokens == []
+    assert propose(config, SeqDrafter(text, "alice", 3), cache, text, 4, fallback=False).tokens == []
     # a pair match wins over the fallback, and the own text's single tokens are never the fallback's
     paired = [5, 7, 8, 1, 5, 7]
     assert propose(config, SeqDrafter(paired, "alice", 3), cache, paired, 4).tokens == [8, 1, 5, 7]
@@ -239,6 +240,23 @@ def test_a_look_up_that_found_only_the_one_token_fallback_still_counts_as_empty(
     # eight look-ups found a one-token proposal each, yet none was a match of the sequence's text: the
     # backoff for text that never repeats has begun
     assert seq.spec.misses == 8 and seq.spec.idle == 1
+
+
+def test_a_probe_verifies_a_match_of_the_sequences_text_never_the_one_token_fallback():
+    from serve.engine.speculation import Speculator
+
+    spec = Speculator(SpecConfig("suffix", 8), max_model_len=4096)
+    spec.accept_rate = 0.01  # acceptance too low to pay: only a probe every 16th token looks
+    for _ in range(5):
+        spec.cost.observe(1, 0.0035, seqs=1)
+        spec.cost.observe(3, 0.0040, seqs=1)
+    spec.cache.add("", [], [139, 7])
+    lone = _decoding(list(range(100, 140)), generated=16)  # its last token, 139, occurs only in the cache
+    spec.plan([lone])
+    assert lone.draft == [] and lone.spec is not None  # looked up, found only the fallback's 7: no probe
+    paired = _decoding([5, 6, 7, 8, 9] * 5 + [5, 6], generated=16)
+    spec.plan([paired])
+    assert paired.draft == [7]
 
 
 def test_a_batch_whose_rows_cost_their_share_neither_drafts_nor_looks():
