@@ -11,9 +11,11 @@ the context's last two tokens, extends each match backwards (up to MAX_MATCH tok
 longest suffix of the context that occurs before, and reads what followed each of its occurrences:
 their continuations form the frequency tree a suffix tree's node holds below the match. The draft
 follows the most frequent branch; each token's confidence is its share of the occurrences still
-agreeing, so text seen once proposes with less weight than text that recurs. Indexing is one dict
-append per token (1-5 µs a token on the 2-core machine), which is why it is positions and not a built
-tree: building a tree per request cost more than every query it answered.
+agreeing, so text seen once proposes with less weight than text that recurs. Each position is also
+kept under the one token before it (`follows`): where no pair matches, the recent outputs still say what
+usually follows the last token alone. Indexing is two dict appends per token (1-5 µs a token on the
+2-core machine), which is why it is positions and not a built tree: building a tree per request cost
+more than every query it answered.
 
 Two sources feed a sequence's draft: its own prompt and output (`TextIndex`, scanned rather than indexed:
 a prompt of thousands of tokens would otherwise be indexed on the request's first decode step) and

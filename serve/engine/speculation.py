@@ -262,7 +262,7 @@ class Speculator:
                 seq.spec.idle -= 1
                 continue
             prop, tokens = self._proposal(seq, 1 if probe else k, fallback=not probe)
-            seq.spec.looked(prop.match >= MIN_MATCH)
+            seq.spec.looked(bool(prop.tokens) and prop.match >= MIN_MATCH)
             seq.spec.confidence = prop.confidence[: len(tokens)]
             if probe or not adaptive:
                 seq.draft = tokens[:1] if probe else tokens
