@@ -96,7 +96,7 @@ def test_verify_cost_figures(run):
     for r in costs:
         assert r["step_ms"] > 0 and r["rows"] == r["batch"] * r["query_tokens"]
         assert r["vs_decode"] == pytest.approx(1.0) if r["query_tokens"] == 1 else r["vs_decode"] > 0
-    for r in (r for r in rows if r["kind"] == "projection"):  # from bench/spec-results/spec.json, when there
+    for r in (r for r in rows if r["kind"] == "projection"):  # from bench/spec-results/fallback/replay/spec.json, when there
         assert r["tokens_per_forward"] >= 1 and r["projected_speedup"] > 0
 
 
