@@ -816,8 +816,8 @@ def section_spec(plan: Plan, report: Report, deadline: float) -> None:
     # --fixed one (every proposal verified up to K: what longer, GPU-priced drafts accept)
     results = ROOT / "bench" / "spec-results"
     proj = []
-    # the newest adaptive replay (with the one-token fallback: fallback/replay/) and the fixed-length one
-    for name in ("fallback/replay/spec.json", "spec-fixed.json"):
+    # the newest replays (with the one-token fallback: fallback/replay/), adaptive and fixed-length
+    for name in ("fallback/replay/spec.json", "fallback/replay/spec-fixed.json"):
         proj += [{"source": name, **r} for r in gpu_spec.projections(costs, gpu_spec.acceptance(results / name))]
     sec["rows"] += [{"kind": "projection", **r} for r in proj]
     if proj:
