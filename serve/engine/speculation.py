@@ -357,8 +357,9 @@ class Speculator:
     def describe(self) -> str:
         if not self.config.on:
             return ""
-        cache = (f", cache of recent outputs {self.config.cache_tokens} tokens ({cache_size(self.config.cache_tokens)}), "
-                 "per API key" if self.cache is not None else "")
+        n = self.config.cache_tokens
+        cache = "" if self.cache is None else (
+            f", cache of recent outputs {n} tokens ({cache_size(n)}), per API key" if n else ", no cache of recent outputs")
         return f"speculative decoding: {self.config.method}, up to {self.config.num_tokens} draft tokens{cache}"
 
 
