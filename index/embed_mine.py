@@ -5,7 +5,9 @@ its doc, and as the positive exactly the text the index embeds for it (`sync.den
 words, where it lives, its code without the doc). Three kinds of query, one per definition, drawn
 with a fixed seed: the doc's first sentence (what a person asks), the whole description (tags and
 examples cut), and the words of its identifiers and signature. Hard negative: the definition BM25
-(`lexical.py`) ranks highest for the query in the same package, other than the answer itself.
+(`lexical.py`) ranks highest for the query among every definition of the same package, documented or
+not, other than the answer itself: the index holds them all, and the undocumented ones (a one-line
+`@property`, a three-line subclass) whose names carry the query's words are what outranks the answer.
 
 Sources are third-party only: the venv's site-packages (never the standard library, its `test`
 package, or backports of it), npm packages, and Debian packages that ship Rust, Go and C sources.
@@ -40,6 +42,9 @@ from index.sync import dense_texts, name_words
 
 CACHE = Path.home() / ".cache" / "composer" / "embed-train"
 SEED = 55
+# Bumped when what is mined changes, so that a cached pairs file of an older recipe is not reused.
+# 2: hard negatives from every definition of the package, documented or not.
+REVISION = 2
 # Definitions kept per package at most, so that torch or transformers do not make up the whole set.
 PER_PACKAGE = 700
 MAX_FILE_BYTES = 400_000
@@ -107,7 +112,7 @@ class Definition:
     package: str
     path: str
     symbol: str
-    doc: str
+    doc: str  # "" for a definition without a doc comment (a hard negative only)
     text: str  # the dense text
 
 
@@ -194,15 +199,15 @@ def definitions(root: Path, package: str, files: Iterable[Path]) -> Iterator[Def
             continue
         dense = dense_texts(chunks, path=rel)
         for c, d in zip(chunks, dense, strict=True):
-            if d is None or c.unit is None or not c.doc:
+            if d is None or c.unit is None:
                 continue
-            doc = _lead_doc(c.text, c.code)
-            if doc:
-                yield Definition(lang if lang != "tsx" else "typescript", package, rel, c.symbol, doc, d)
+            doc = _lead_doc(c.text, c.code) if c.doc else ""
+            yield Definition(lang if lang != "tsx" else "typescript", package, rel, c.symbol, doc, d)
 
 
-def pairs_for(defs: list[Definition], rng: random.Random) -> list[Pair]:
-    """One pair per usable definition, a query kind drawn per definition, hard negatives by BM25."""
+def pairs_for(defs: list[Definition], rng: random.Random, pool: list[str] | None = None) -> list[Pair]:
+    """One pair per usable definition, a query kind drawn per definition, hard negatives by BM25 over
+    `pool` (the dense texts of every definition of the package; default: the pairs' own positives)."""
     out = []
     kinds, weights = zip(*KINDS, strict=True)
     for d in defs:
@@ -219,12 +224,13 @@ def pairs_for(defs: list[Definition], rng: random.Random) -> list[Pair]:
         out.append(Pair(d.lang, d.package, d.path, kind, query, d.text))
     if len(out) < 2:
         return out
+    texts = pool if pool else [p.positive for p in out]
     lex = Lexical.empty()
-    lex.add(list(range(len(out))), [p.positive for p in out])
+    lex.add(list(range(len(texts))), texts)
     with_neg = []
     for i, p in enumerate(out):
         ids, _ = lex.search(p.query, 6)
-        neg = next((out[int(j)].positive for j in ids if int(j) != i and out[int(j)].positive != p.positive), "")
+        neg = next((texts[int(j)] for j in ids if texts[int(j)] != p.positive), "")
         if not neg:  # no lexical neighbour: any other definition of the package
             neg = out[(i + 1 + rng.randrange(len(out) - 1)) % len(out)].positive
         with_neg.append(Pair(**{**asdict(p), "negative": neg}))
@@ -250,8 +256,15 @@ def mine(trees: Iterable[tuple[str, Path, list[Path]]], *, per_package: int = PE
     stats: dict = {}
     for package, root, files in trees:
         defs, dropped = [], 0
+        pool: dict[str, None] = {}  # every definition's dense text, in order: the hard negatives' pool
         for d in definitions(root, package, files):
             k = code_key(d.text)
+            if k in exclude_hashes:  # evaluation code is never trained on, not even as a negative
+                dropped += bool(d.doc)
+                continue
+            pool[d.text] = None
+            if not d.doc:
+                continue
             if k in seen_code:
                 dropped += 1
                 continue
@@ -259,7 +272,7 @@ def mine(trees: Iterable[tuple[str, Path, list[Path]]], *, per_package: int = PE
             defs.append(d)
         rng.shuffle(defs)
         got = []
-        for p in pairs_for(defs[: per_package * 2], rng):
+        for p in pairs_for(defs[: per_package * 2], rng, list(pool)):
             q = " ".join(p.query.lower().split())
             if q in seen_query:
                 dropped += 1
@@ -270,7 +283,8 @@ def mine(trees: Iterable[tuple[str, Path, list[Path]]], *, per_package: int = PE
                 break
         pairs += got
         if got:
-            stats[package] = {"lang": got[0].lang, "files": len(files), "pairs": len(got), "duplicates": dropped}
+            stats[package] = {"lang": got[0].lang, "files": len(files), "pairs": len(got), "duplicates": dropped,
+                              "definitions": len(pool)}
         print(f"  {package:<40} {len(files):5d} files {len(got):5d} pairs ({dropped} duplicates)",
               file=sys.stderr, flush=True)
     return pairs, stats

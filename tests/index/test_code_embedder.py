@@ -62,6 +62,39 @@ def test_duplicates_and_evaluation_code_are_left_out(tmp_path: Path):
     assert not {p.positive for p in again} & {p.positive for p in first}
 
 
+def test_hard_negatives_include_undocumented_definitions(tmp_path: Path):
+    """The index holds every definition, documented or not; the tiny undocumented ones whose names carry
+    a query's words are what outranks the answer, so they are drawn as hard negatives too. Evaluation
+    code stays out even as a negative."""
+    pkg = tmp_path / "mailparse"
+    pkg.mkdir()
+    (pkg / "addresses.py").write_text(
+        "import re\n\n\n"
+        "def split_address_list(text):\n"
+        '    """Split a comma separated list of mail addresses into single addresses."""\n'
+        "    return [a.strip() for a in re.split(r',(?=(?:[^\"]*\"[^\"]*\")*[^\"]*$)', text) if a.strip()]\n\n\n"
+        "def quote_display_name(name):\n"
+        '    """Quote a display name when it holds special characters."""\n'
+        "    return '\"' + name.replace('\"', '\\\\\"') + '\"' if re.search(r'[(),;:<>@]', name) else name\n\n\n"
+        "class AddressList:\n"
+        "    def __init__(self, items):\n"
+        "        self._items = items\n\n"
+        "    @property\n"
+        "    def addresses(self):\n"
+        "        return [i for i in self._items if '@' in i]\n")
+    files = [pkg / "addresses.py"]
+    pairs, stats = embed_mine.mine([("pypi:mailparse", pkg, files)], per_package=10)
+    split = next(p for p in pairs if "split address list" in p.positive)
+    # BM25's best after the answer is undocumented (the class, or its property): no pair's positive.
+    assert "AddressList" in split.negative or "def addresses" in split.negative
+    assert split.negative not in {p.positive for p in pairs}
+    assert stats["pypi:mailparse"]["definitions"] >= 3
+    # Excluded (evaluation) code is in no pair, as a positive or as a negative.
+    key = embed_mine.code_key(split.negative)
+    again, _ = embed_mine.mine([("pypi:mailparse", pkg, files)], per_package=10, exclude_hashes=frozenset({key}))
+    assert again and all(key not in (embed_mine.code_key(p.negative), embed_mine.code_key(p.positive)) for p in again)
+
+
 def test_standard_library_copies_are_not_third_party(tmp_path: Path):
     pkg = tmp_path / "site-packages" / "somepkg"
     pkg.mkdir(parents=True)
