@@ -205,9 +205,9 @@ def definitions(root: Path, package: str, files: Iterable[Path]) -> Iterator[Def
             yield Definition(lang if lang != "tsx" else "typescript", package, rel, c.symbol, doc, d)
 
 
-def pairs_for(defs: list[Definition], rng: random.Random, pool: list[str] | None = None) -> list[Pair]:
+def pairs_for(defs: list[Definition], rng: random.Random, pool: list[str]) -> list[Pair]:
     """One pair per usable definition, a query kind drawn per definition, hard negatives by BM25 over
-    `pool` (the dense texts of every definition of the package; default: the pairs' own positives)."""
+    `pool` (the dense texts of every definition of the package, `defs` among them)."""
     out = []
     kinds, weights = zip(*KINDS, strict=True)
     for d in defs:
@@ -224,13 +224,12 @@ def pairs_for(defs: list[Definition], rng: random.Random, pool: list[str] | None
         out.append(Pair(d.lang, d.package, d.path, kind, query, d.text))
     if len(out) < 2:
         return out
-    texts = pool if pool else [p.positive for p in out]
     lex = Lexical.empty()
-    lex.add(list(range(len(texts))), texts)
+    lex.add(list(range(len(pool))), pool)
     with_neg = []
     for i, p in enumerate(out):
         ids, _ = lex.search(p.query, 6)
-        neg = next((texts[int(j)] for j in ids if texts[int(j)] != p.positive), "")
+        neg = next((pool[int(j)] for j in ids if pool[int(j)] != p.positive), "")
         if not neg:  # no lexical neighbour: any other definition of the package
             neg = out[(i + 1 + rng.randrange(len(out) - 1)) % len(out)].positive
         with_neg.append(Pair(**{**asdict(p), "negative": neg}))
@@ -250,7 +249,7 @@ def mine(trees: Iterable[tuple[str, Path, list[Path]]], *, per_package: int = PE
          exclude_hashes: frozenset[bytes] = frozenset(), seed: int = SEED) -> tuple[list[Pair], dict]:
     """Pairs from (package, root, files) trees, deduplicated by code and by query; and counts."""
     rng = random.Random(seed)
-    seen_code: set[bytes] = set(exclude_hashes)
+    seen_code: set[bytes] = set()  # excluded keys never get this far
     seen_query: set[str] = set()
     pairs: list[Pair] = []
     stats: dict = {}
