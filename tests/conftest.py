@@ -13,8 +13,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # Servers the tests start never compile our CPU kernels in the background (kernels/cpu_ext.py): a 30-60 s
-# build competing with timing-sensitive tests makes them flaky. tests/kernels builds them once, in the
-# open, and the engine tests that run after it load that build.
+# build competing with timing-sensitive tests makes them flaky. The test run builds them once, in the open
+# (pytest_configure below; in one process, tests/kernels, which runs first), and the engine tests load it.
 os.environ.setdefault("COMPOSER_KERNEL_BUILD", "0")
 
 
