@@ -84,6 +84,7 @@ def pytest_configure(config):
     started = time.monotonic()
     built = subprocess.run([sys.executable, "-m", "kernels.cpu_ext", "--quiet"], cwd=ROOT,
                            stdin=subprocess.DEVNULL, capture_output=True, timeout=600).returncode == 0
+    os.environ["COMPOSER_TEST_KERNELS"] = "built" if built else "not built"  # the workers inherit it
     config._kernels_note = (f"CPU kernels {'ready' if built else 'not built (the tests that need them skip)'} "
                             f"in {time.monotonic() - started:.0f} s, before the workers started")
 
