@@ -27,7 +27,7 @@ USERS_AUTOLOAD = os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD")
 os.environ.setdefault("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
 
 
-def _cores() -> int:
+def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
@@ -50,7 +50,7 @@ def torch_threads(cores: int, worker_count: int) -> int:
 # tiny models. On the shared 2-core VM, tests/train/test_trainer.py (not slow) took 19-21 s on 1 thread,
 # and on 2 threads 25 s at a quiet moment and 129 s beside another engineer's run.
 USERS_THREADS = os.environ.get("OMP_NUM_THREADS")  # the user's choice stands
-os.environ.setdefault("OMP_NUM_THREADS", str(torch_threads(_cores(), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))))
+os.environ.setdefault("OMP_NUM_THREADS", str(torch_threads(cores(), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))))
 if "torch" in sys.modules:  # loaded already (by a plugin): the variable came too late for its pool
     sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
@@ -62,7 +62,7 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 
 
 def pytest_xdist_auto_num_workers(config) -> int:
-    return workers(_cores())
+    return workers(cores())
 
 
 @pytest.hookimpl(trylast=True)  # after the terminal reporter is set up: the build's line shows as it starts
@@ -77,10 +77,9 @@ def pytest_configure(config):
         os.environ.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
     if config.option.collectonly:
         return
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line("tests/conftest.py: building our C++ CPU kernels before the workers start "
-                            "(about a minute the first time on a machine) ...")
+    say = getattr(config.pluginmanager.get_plugin("terminalreporter"), "write_line", lambda line: None)
+    say("tests/conftest.py: building our C++ CPU kernels before the workers start "
+        "(about a minute the first time on a machine) ...")
     started = time.monotonic()
     try:
         built = subprocess.run([sys.executable, "-m", "kernels.cpu_ext", "--quiet"], cwd=ROOT,
@@ -88,13 +87,8 @@ def pytest_configure(config):
     except subprocess.TimeoutExpired:
         built = False
     os.environ["COMPOSER_TEST_KERNELS"] = "built" if built else "not built"  # the workers inherit it
-    config._kernels_note = (f"CPU kernels {'ready' if built else 'not built (the tests that need them skip)'} "
-                            f"in {time.monotonic() - started:.0f} s, before the workers started")
-
-
-def pytest_report_header(config):
-    note = getattr(config, "_kernels_note", None)
-    return [note] if note else []
+    say(f"CPU kernels {'ready' if built else 'not built (the tests that need them skip)'} "
+        f"in {time.monotonic() - started:.0f} s")
 
 
 def _has_cuda() -> bool:

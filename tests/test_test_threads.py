@@ -7,15 +7,14 @@ import os
 import subprocess
 import sys
 
-from .conftest import USERS_THREADS, torch_threads
+from .conftest import USERS_THREADS, cores, torch_threads
 
 
 def test_torch_here_and_in_children_runs_on_at_most_half_the_cores():
     import torch
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     worker_count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    want = int(USERS_THREADS) if USERS_THREADS else torch_threads(cores, worker_count)
+    want = int(USERS_THREADS) if USERS_THREADS else torch_threads(cores(), worker_count)
     assert torch.get_num_threads() == want
     child = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
                            capture_output=True, text=True, timeout=120)
