@@ -5,8 +5,9 @@ vector per definition: sync.py) index of the code, the lexical (BM25) index of t
 index of the doc prose (a separate field, see chunker.py), optionally restricted to a file or folder,
 puts every list per definition (`per_definition`: the head the dense list finds and a slice BM25
 finds are one answer), fuses the three lists (fusion.py; the weights were chosen on the bench's
-development queries), collapses several chunks of one definition into one result, and, when the
-query is one name, puts the definitions of that name first (`definitions_first`).
+development queries), moves types and functions by what the query's first word says it asks for
+(query_kind.py), collapses several chunks of one definition into one result, and, when the query is
+one name, puts the definitions of that name first (`definitions_first`).
 
 One `CodeIndex` serves one workspace; its methods are thread-safe (one lock: search reads the same
 in-memory FAISS index that sync mutates). Several processes may share a workspace: writers serialise
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from index import store
+from index import query_kind, store
 from index.embed import Embedder, load_embedder
 from index.files import MAX_FILE_BYTES, STATE_DIR
 from index.fusion import absolute_sum, rrf, weighted_sum
@@ -58,11 +59,15 @@ class Weights:
     doc: float = 0.0
     k: float = 60.0  # RRF only
     power: float = 1.0  # "abs" only: the exponent of BM25's fraction of the query's ceiling
+    # The query-kind prior (query_kind.py), in units of a fused score of 1 (RRF's top score is 1/(k+1)
+    # a list, so it is scaled by that). 0.04: the best on the development halves pooled
+    # (`python bench/search_kind.py`: +0.6 MRR@10 there, +0.7 on the test halves).
+    kind: float = 0.04
 
     def __post_init__(self):
         if self.method not in ("abs", "sum", "rrf"):
             raise ValueError(f"fusion method {self.method!r}: expected abs, sum or rrf")
-        if min(self.dense, self.lexical, self.doc) < 0 or self.k <= 0 or self.power <= 0:
+        if min(self.dense, self.lexical, self.doc, self.kind) < 0 or self.k <= 0 or self.power <= 0:
             raise ValueError(f"bad fusion weights: {self}")
 
     @classmethod
@@ -87,6 +92,12 @@ class Weights:
         if self.method == "abs":
             return absolute_sum((*dense, self.dense), [(*r, w) for r, w in lists[1:]], self.power)
         return weighted_sum([(ids, scores, w) for (ids, scores), w in lists])
+
+    def rank(self, query: str, dense: Ranking, lexical: Ranking, doc: Ranking | None,
+             rows: dict[int, store.ChunkRow]) -> list[tuple[int, float]]:
+        """One result per definition, best first: the fused lists, moved by the query-kind prior, collapsed."""
+        scale = 1 / (self.k + 1) if self.method == "rrf" else 1.0
+        return collapse(query_kind.apply(query, self.fuse(dense, lexical, doc), rows, self.kind * scale), rows)
 
 
 Ranking = tuple[list[int], list[float]]  # chunk ids best first, and their scores
@@ -335,7 +346,7 @@ class CodeIndex:
             (dense, lexical, doc), = self.candidates([query], max(k, CANDIDATES), path=path)
             rows = store.chunks_by_id(self._con, sorted({*dense[0], *lexical[0], *doc[0]}))
         dense, lexical, doc = per_definition([dense, lexical, doc], rows)
-        fused = definitions_first(query, collapse(self.weights.fuse(dense, lexical, doc), rows), rows)[:k]
+        fused = definitions_first(query, self.weights.rank(query, dense, lexical, doc, rows), rows)[:k]
         dense_ids, lex_ids = dense[0], lexical[0]
         dense_rank = {cid: r for r, cid in enumerate(dense_ids, start=1)}
         lex_rank = {cid: r for r, cid in enumerate(lex_ids, start=1)}
