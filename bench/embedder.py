@@ -14,6 +14,9 @@
         chosen afterwards: bench/search.py multi --model DIR, then
         bench/search_fusion.py WORK/fusion-cases-SLUG.pkl --write DIR.
     python bench/embedder.py mine               the pairs alone (what `train` does first when they are missing)
+    python bench/embedder.py kinds              index/query_kinds.json from the mined pairs: how often a doc
+                                                whose first word is w documents a type, how often a function
+                                                (the query-kind prior, index/query_kind.py)
     python bench/embedder.py dev --model M      dense MRR@10 of a model on the development halves
     python bench/embedder.py speed --models A,B embeddings/s of models side by side, alternating
 
@@ -153,6 +156,14 @@ def cmd_mine(a) -> None:
     mine_pairs(a)
 
 
+def cmd_kinds(a) -> None:
+    from index import embed_mine, query_kind
+
+    table = query_kind.build_table(embed_mine.read(mine_pairs(a)))
+    query_kind.TABLE.write_text(json.dumps(table, separators=(",", ":"), sort_keys=True) + "\n")
+    print(f"{query_kind.TABLE}: {len(table['words'])} words, docs {table['docs']}", file=sys.stderr)
+
+
 def cmd_train(a) -> None:
     import torch
 
@@ -238,7 +249,7 @@ def cmd_speed(a) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("cmd", choices=("mine", "train", "dev", "speed"))
+    p.add_argument("cmd", choices=("mine", "kinds", "train", "dev", "speed"))
     p.add_argument("--work", type=Path, default=DEFAULT_WORK)
     p.add_argument("--budget-min", type=float, default=62.0, help="train: minutes of training steps")
     p.add_argument("--epochs", type=int, default=1)
@@ -265,7 +276,7 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=600)
     p.add_argument("--json", type=Path)
     a = p.parse_args()
-    {"mine": cmd_mine, "train": cmd_train, "dev": cmd_dev, "speed": cmd_speed}[a.cmd](a)
+    {"mine": cmd_mine, "kinds": cmd_kinds, "train": cmd_train, "dev": cmd_dev, "speed": cmd_speed}[a.cmd](a)
 
 
 if __name__ == "__main__":

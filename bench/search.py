@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -140,7 +141,7 @@ def cmd_quality(args) -> None:
         for i in idx:
             d, lx, dc = cands[i]
             ids = d[0] if w == "dense" else lx[0] if w == "bm25" else \
-                [c for c, _ in collapse(w.fuse(d, lx, dc), rows)]
+                [c for c, _ in w.rank(queries[i].query, d, lx, dc, rows)]
             ranked.append(_flags(ids, queries[i], rows))
         return metrics(ranked)
 
@@ -160,6 +161,8 @@ def cmd_quality(args) -> None:
         "dense only (test half)": evaluate(test, "dense"),
         "BM25 only (test half)": evaluate(test, "bm25"),
         f"hybrid, shipped default {_describe(shipped)} (test half)": evaluate(test, shipped),
+        "hybrid, shipped default without the query-kind prior (all)": evaluate(everyone, replace(shipped, kind=0.0)),
+        "hybrid, shipped default without the query-kind prior (test half)": evaluate(test, replace(shipped, kind=0.0)),
         "hybrid RRF k=60 weights 1/1, untuned (test half)": evaluate(test, Weights("rrf", 1.0, 1.0, k=60)),
     }
     for m, w in tuned.items():
@@ -178,11 +181,12 @@ def cmd_quality(args) -> None:
 
 
 def _describe(w: Weights) -> str:
+    prior = f", kind prior {w.kind:g}"
     if w.method == "rrf":
-        return f"RRF(dense {w.dense:g}, BM25 {w.lexical:g}, k={w.k:g})"
+        return f"RRF(dense {w.dense:g}, BM25 {w.lexical:g}, k={w.k:g}{prior})"
     if w.method == "abs":
-        return f"abs(dense {w.dense:g}, BM25 {w.lexical:g}, power {w.power:g})"
-    return f"sum(dense {w.dense:g}, BM25 {w.lexical:g})"
+        return f"abs(dense {w.dense:g}, BM25 {w.lexical:g}, power {w.power:g}{prior})"
+    return f"sum(dense {w.dense:g}, BM25 {w.lexical:g}{prior})"
 
 
 # -- multi-language, partially documented ----------------------------------------------------------
@@ -271,7 +275,7 @@ def cmd_multi(args) -> None:
     shipped = Weights.for_model(base)  # the fusion stored with the model, else the defaults
     print(f"fusion: {_describe(shipped)}")
     modes = ["naive dense", "naive BM25", "naive RRF", "ours dense", "ours lexical", "ours doc",
-             "ours fused"]
+             "ours fused", "no kind prior"]  # the last: ours fused without the query-kind prior
     table: dict[str, dict[str, dict[str, float]]] = {}
     pooled: dict[str, list[list[bool]]] = {m: [] for m in modes}
     per_query: list[tuple[str, str, object]] = []  # (lang, path, (cands, rows, q)) for tuning
@@ -309,7 +313,8 @@ def cmd_multi(args) -> None:
             flags["ours dense"].append(mark([c for c, _ in collapse([(c, 0.0) for c in d[0]], rows)]))
             flags["ours lexical"].append(mark([c for c, _ in collapse([(c, 0.0) for c in lx[0]], rows)]))
             flags["ours doc"].append(mark([c for c, _ in collapse([(c, 0.0) for c in dc[0]], rows)]))
-            flags["ours fused"].append(mark([c for c, _ in collapse(w.fuse(d, lx, dc), rows)]))
+            flags["ours fused"].append(mark([c for c, _ in w.rank(q.query, d, lx, dc, rows)]))
+            flags["no kind prior"].append(mark([c for c, _ in replace(w, kind=0.0).rank(q.query, d, lx, dc, rows)]))
             per_query.append((lang, q.path, (d, lx, dc, rows, q)))
             cases.append(search_fusion.Case(
                 lang, se.is_dev(q.path), d, lx,
@@ -332,7 +337,8 @@ def cmd_multi(args) -> None:
         cells = " ".join(f"{res[m]['MRR@10']:6.1f}/{res[m]['R@10']:5.1f}  " for m in modes)
         print(f"{lang:<11} {res['n']['queries']:4d} {cells}")
     macro = {m: float(np.mean([table[lg][m]["MRR@10"] for lg in langs])) for m in modes}
-    print("\nby half (MRR@10): naive dense / ours dense / ours lexical / ours fused")
+    by_half = ("naive dense", "ours dense", "ours lexical", "ours fused", "no kind prior")
+    print("\nby half (MRR@10): " + " / ".join(by_half))
     for half, want in (("dev", True), ("test", False)):
         pooled_half: dict[str, list] = {m: [] for m in modes}
         for lang in langs:
@@ -341,9 +347,9 @@ def cmd_multi(args) -> None:
             for m in modes:
                 pooled_half[m] += picked[m]
             print(f"  {lang:<11} {half:<4} n={len(picked['ours fused']):3d}  " + " / ".join(
-                f"{metrics(picked[m])['MRR@10']:5.1f}" for m in ("naive dense", "ours dense", "ours lexical", "ours fused")))
+                f"{metrics(picked[m])['MRR@10']:5.1f}" for m in by_half))
         print(f"  {'all':<11} {half:<4} n={len(pooled_half['ours fused']):3d}  " + " / ".join(
-            f"{metrics(pooled_half[m])['MRR@10']:5.1f}" for m in ("naive dense", "ours dense", "ours lexical", "ours fused")))
+            f"{metrics(pooled_half[m])['MRR@10']:5.1f}" for m in by_half))
     print("macro MRR@10 (mean over languages): " + ", ".join(f"{m} {v:.1f}" for m, v in macro.items()))
     # Fusion weights tuned on the development half (by file), reported on the test half.
     dev = [x for x in per_query if se.is_dev(x[1])]
@@ -352,7 +358,7 @@ def cmd_multi(args) -> None:
     def score(items, w: Weights) -> float:
         out = []
         for _, _, (d, lx, dc, rows, q) in items:
-            ids = [c for c, _ in collapse(w.fuse(d, lx, dc), rows)][:10]
+            ids = [c for c, _ in w.rank(q.query, d, lx, dc, rows)][:10]
             out.append([_overlaps(rows[c].path, rows[c].start_line, rows[c].end_line, q) for c in ids])
         return metrics(out)["MRR@10"]
 

@@ -62,17 +62,14 @@ def save_cases(model: str, out: Path) -> None:
     out.write_bytes(pickle.dumps(data))
 
 
-def class_cases(model: str) -> dict:
-    """The `quality` corpus (docstrings blanked, classes' too) asked for its classes: each class whose
-    docstring's first sentence has at least four words and occurs once becomes a query. Two sets: `classes`,
-    right when a hit holds the `class` line itself (the class's own chunk, not one of its methods), and
-    `classes-any`, right when a hit lies anywhere in the class."""
+def class_queries() -> list[tuple[str, str, int, int]]:
+    """The `quality` corpus's classes as queries: (the first sentence of the class's docstring, its file,
+    first line, last line) for each class whose sentence has at least four words and occurs once."""
     import ast
     from collections import Counter
 
     from bench import corpus as corpus_mod
     from bench.search import DEFAULT_WORK
-    from index.code_index import CodeIndex, per_definition
 
     root, _ = corpus_mod.build(DEFAULT_WORK)
     src = corpus_mod.stdlib_dir()
@@ -89,7 +86,19 @@ def class_cases(model: str) -> dict:
             if len(sentence.split()) >= 4 and sentence[:1].isalpha():
                 found.append((sentence, rel, node.lineno, node.end_lineno))
     counts = Counter(q.lower() for q, *_ in found)
-    found = [f for f in found if counts[f[0].lower()] == 1]
+    return [f for f in found if counts[f[0].lower()] == 1]
+
+
+def class_cases(model: str) -> dict:
+    """The `quality` corpus (docstrings blanked, classes' too) asked for its classes (`class_queries`).
+    Two sets: `classes`, right when a hit holds the `class` line itself (the class's own chunk, not one of
+    its methods), and `classes-any`, right when a hit lies anywhere in the class."""
+    from bench import corpus as corpus_mod
+    from bench.search import DEFAULT_WORK
+    from index.code_index import CodeIndex, per_definition
+
+    root, _ = corpus_mod.build(DEFAULT_WORK)
+    found = class_queries()
     ix = CodeIndex(root, model=model)
     ix.sync()
     cands = ix.candidates([f[0] for f in found], 100)
@@ -106,16 +115,29 @@ def class_cases(model: str) -> dict:
     return {name: (cases, rows) for name, cases in out.items()}
 
 
-def mrr(cases, rows, adjust=None, fusion: Weights | None = Weights()) -> float:
+def case_queries() -> dict[str, list[tuple[str, str]]]:
+    """Each cached set's (query, file), in the cases' order."""
+    from bench import corpus as corpus_mod
+    from bench import search_eval as se
+    from bench.search import DEFAULT_WORK
+
+    out = {n: [(q.query, q.path) for q in se.build(n, DEFAULT_WORK / "multi" / n)[1]] for n in SETS[:8]}
+    out["quality"] = [(q.query, q.path) for q in corpus_mod.build(DEFAULT_WORK)[1]]
+    out["classes"] = out["classes-any"] = [(q, path) for q, path, _, _ in class_queries()]
+    return out
+
+
+def mrr(cases, rows, queries, adjust=None, fusion: Weights | None = Weights()) -> float:
     """MRR@10 of the fused (or, with fusion None, the dense) list, one result per definition as
-    `semantic_search` returns them, after `adjust(chunk id)` is added to each dense score."""
+    `semantic_search` returns them (the query-kind prior included), after `adjust(chunk id)` is added
+    to each dense score."""
     total = 0.0
-    for (d_ids, d_sc), lx, right in cases:
+    for ((d_ids, d_sc), lx, right), (query, _) in zip(cases, queries, strict=True):
         if adjust is not None:
             d_sc = [s + adjust(i) for i, s in zip(d_ids, d_sc, strict=True)]
             order = sorted(range(len(d_ids)), key=lambda k: -d_sc[k])
             d_ids, d_sc = [d_ids[k] for k in order], [d_sc[k] for k in order]
-        ids = d_ids if fusion is None else [c for c, _ in fusion.fuse((d_ids, d_sc), lx, ([], []))]
+        ids = d_ids if fusion is None else [c for c, _ in fusion.rank(query, (d_ids, d_sc), lx, None, rows)]
         hits = [c for c, _ in collapse([(c, 0.0) for c in ids], rows)[:10]]
         total += next((1 / (pos + 1) for pos, c in enumerate(hits) if c in right), 0.0)
     return 100 * total / max(len(cases), 1)
@@ -136,15 +158,19 @@ def main() -> None:
         data.update(class_cases(a.model))
         path.write_bytes(pickle.dumps(data))
     size = {n: {i: sum(approx_tokens(r.text.splitlines())) for i, r in rows.items()} for n, (_, rows) in data.items()}
-    base = {n: mrr(*data[n]) for n in data}
+    qs = case_queries()
+    base = {n: mrr(*data[n], qs[n]) for n in data}
     print("shipped fusion: " + "  ".join(f"{n} {v:.1f}" for n, v in base.items()))
-    print("dense list alone: " + "  ".join(f"{n} {mrr(*data[n], fusion=None):.1f}" for n in data))
+    print("dense list alone: " + "  ".join(f"{n} {mrr(*data[n], qs[n], fusion=None):.1f}" for n in data))
+    print("without the query-kind prior: " + "  ".join(
+        f"{n} {mrr(*data[n], qs[n], fusion=Weights(kind=0.0)):.1f}" for n in data))
 
     def row(label, adjust_for=None, fusion=Weights(), dense=False):
         vals = []
         for n, (cases, rows) in data.items():
             adj = adjust_for(n, rows) if adjust_for else None
-            vals.append(mrr(cases, rows, adj, None if dense else fusion) - (mrr(cases, rows, fusion=None) if dense else base[n]))
+            vals.append(mrr(cases, rows, qs[n], adj, None if dense else fusion)
+                        - (mrr(cases, rows, qs[n], fusion=None) if dense else base[n]))
         print(f"{label:<50}" + "  ".join(f"{n} {v:+.1f}" for n, v in zip(data, vals, strict=True)))
 
     def functions_only(n, rows):  # what the naive list holds: no classes, no code outside definitions

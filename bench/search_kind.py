@@ -1,0 +1,82 @@
+"""The ranking's settings chosen on the development halves of every set: the fusion and the weight of the
+query-kind prior (index/query_kind.py) together (issue 55).
+
+    python bench/search_kind.py [--model code-minilm] [--cases FILE] [--weights 0,0.02,...]
+                                [--fusions abs:0.65:1,sum:0.75,...]
+
+Re-ranks the per-query lists `bench/search_python_gap.py` caches (the six languages, jdk, jdk-doc, the Python
+standard library's `quality` set and its class queries) with each fusion (`abs:DENSE:POWER` or `sum:DENSE`;
+BM25 gets 1 - DENSE) and each weight of the prior, and prints MRR@10 by set and half (halves by file,
+`search_eval.is_dev`). The setting chosen is the one with the best MRR@10 over all the development
+halves' queries pooled (each query counts once: the sets of 12 to 34 queries move by whole queries, one
+query of Java's dev half is 5.6 points); the mean over the sets is printed beside it, and the test halves,
+which choose nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.search_python_gap import case_queries  # noqa: E402
+from index.code_index import Weights  # noqa: E402
+
+SETS = ("python", "c", "java", "javascript", "typescript", "rust", "jdk", "jdk-doc", "quality", "classes")
+
+
+def parse_fusion(spec: str, kind: float) -> Weights:
+    method, dense, *rest = spec.split(":")
+    power = float(rest[0]) if rest else 1.0
+    return Weights(method, float(dense), round(1 - float(dense), 4), power=power, kind=kind)
+
+
+def mrr(cases, rows, qs, w: Weights) -> float:
+    total = 0.0
+    for (dense, lexical, right), (q, _) in zip(cases, qs, strict=True):
+        hits = [c for c, _ in w.rank(q, dense, lexical, None, rows)[:10]]
+        total += next((1 / (pos + 1) for pos, c in enumerate(hits) if c in right), 0.0)
+    return 100 * total / max(len(cases), 1)
+
+
+def main() -> None:
+    from bench.search import DEFAULT_WORK
+    from bench.search_eval import is_dev
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="code-minilm")
+    ap.add_argument("--cases", type=Path, help="bench/search_python_gap.py's cache for --model (default: "
+                    "where it writes it; run it first)")
+    ap.add_argument("--weights", default="0,0.02,0.03,0.04,0.05,0.06,0.08")
+    ap.add_argument("--fusions", default="abs:0.65:1", help="comma-separated; the first is the shipped one")
+    a = ap.parse_args()
+    data = pickle.loads((a.cases or DEFAULT_WORK / f"gap-cases-{a.model.replace('/', '_')}.pkl").read_bytes())
+    qs = case_queries()
+    halves = {(n, h): [i for i, (_, path) in enumerate(qs[n]) if is_dev(path) == (h == "dev")]
+              for n in SETS for h in ("dev", "test")}
+
+    def pooled(row, half):
+        return sum(row[n, half] * len(halves[n, half]) for n in SETS) / sum(len(halves[n, half]) for n in SETS)
+
+    table: dict[tuple[str, float], dict[tuple[str, str], float]] = {}
+    for spec in a.fusions.split(","):
+        for kind in (float(x) for x in a.weights.split(",")):
+            w = parse_fusion(spec, kind)
+            row = {}
+            for (n, half), idx in halves.items():
+                cases, rows = data[n]
+                row[n, half] = mrr([cases[i] for i in idx], rows, [qs[n][i] for i in idx], w)
+            table[spec, kind] = row
+            mean = {h: sum(row[n, h] for n in SETS) / len(SETS) for h in ("dev", "test")}
+            print(f"{spec:<10} prior {kind:<5g} dev pooled {pooled(row, 'dev'):5.2f} mean {mean['dev']:5.2f}  "
+                  f"test pooled {pooled(row, 'test'):5.2f} mean {mean['test']:5.2f}  "
+                  + "  ".join(f"{n} {row[n, 'dev']:.1f}/{row[n, 'test']:.1f}" for n in SETS), flush=True)
+    spec, kind = max(table, key=lambda k: pooled(table[k], "dev"))
+    print(f"chosen on the development halves: {spec}, prior {kind:g}")
+
+
+if __name__ == "__main__":
+    main()
