@@ -12,7 +12,9 @@
         (default index/models/code-minilm/) with its weights' fingerprint, curve JSON + PNG under
         bench/embedder-results/ (NAME.json/.png, default train-curve). The shipped model's fusion is
         chosen afterwards: bench/search.py multi --model DIR, then
-        bench/search_fusion.py WORK/fusion-cases-SLUG.pkl --write DIR.
+        bench/search_fusion.py WORK/fusion-cases-SLUG.pkl --write DIR; the query-kind prior's weight
+        (the same for every model, code_index.Weights.kind) is checked with bench/search_python_gap.py
+        --model DIR, then bench/search_kind.py --model DIR.
     python bench/embedder.py mine               the pairs alone (what `train` does first when they are missing)
     python bench/embedder.py kinds              index/query_kinds.json from the mined pairs: how often a doc
                                                 whose first word is w documents a type, how often a function
