@@ -59,9 +59,9 @@ class Weights:
     doc: float = 0.0
     k: float = 60.0  # RRF only
     power: float = 1.0  # "abs" only: the exponent of BM25's fraction of the query's ceiling
-    # The query-kind prior (query_kind.py), in units of a fused score of 1 (RRF's top score is 1/(k+1)
-    # a list, so it is scaled by that). 0.04: the best on the development halves pooled
-    # (`python bench/search_kind.py`: +0.6 MRR@10 there, +0.7 on the test halves).
+    # The query-kind prior's weight (query_kind.py), in units of a fused score of 1 (with RRF, whose
+    # top score is 1/(k+1) a list, it is scaled by that). 0.04: the best on every set's development
+    # halves pooled (`python bench/search_kind.py`: +0.6 MRR@10 there, +0.7 on the test halves).
     kind: float = 0.04
 
     def __post_init__(self):
