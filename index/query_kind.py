@@ -29,13 +29,17 @@ TABLE = Path(__file__).resolve().parent / "query_kinds.json"
 SMOOTHING = 10.0  # pseudo-counts at the overall share: a word seen a few times says little
 MIN_COUNT = 3  # words seen fewer times are left out of the table
 
-_SKIP = re.compile(r"\s*(?:$|@|#\[|#!\[|//|/\*|\*|#(?!define)|\"\"\"|''')")  # decorators, attributes, comments
+# Lines before the declaration: decorators and annotations (not Java's `@interface`), attributes, comments,
+# a C++ template header on its own line.
+_SKIP = re.compile(r"\s*(?:$|@(?!interface\b)|#\[|#!\[|//|/\*|\*|#(?!define)|\"\"\"|'''|template\s*<[^>]*>\s*$)")
 _TYPE = re.compile(
-    r"\s*(?:export\s+)?(?:default\s+)?(?:declare\s+)?"
+    r"\s*(?:template\s*<[^>]*>\s*)?(?:export\s+)?(?:default\s+)?(?:declare\s+)?"
     r"(?:(?:public|private|protected|internal|abstract|final|static|sealed|non-sealed|strictfp|"
     r"pub(?:\([^)]*\))?|unsafe|data|open)\s+)*"
     r"(?:class|interface|@interface|enum|record|struct|union|trait|impl\b|typedef\s+(?:struct|union|enum)|"
     r"type\s+\w+(?:\[[^\]]*\])?\s+(?:struct|interface)|type\s+\w+(?:<[^>]*>)?\s*=)(?![\w(])")
+# A C function that returns a struct (`struct point *make_point(int x)`) is not a struct.
+_C_FUNCTION = re.compile(r"\s*(?:(?:static|inline|extern|const)\s+)*(?:struct|union|enum)\s+\w+[\s*]+\w+\s*\(")
 _WORD = re.compile(r"[a-z][a-z0-9_'-]*")
 _HEAD = re.compile(r"[a-z0-9]+(?: [a-z0-9]+)*")  # the name and context lines of a dense text (sync.dense_texts)
 
@@ -46,7 +50,7 @@ def definition_kind(text: str) -> str:
     for line in text.split("\n", 12)[:12]:
         if _SKIP.match(line):
             continue
-        return "type" if _TYPE.match(line) else "function"
+        return "type" if _TYPE.match(line) and not _C_FUNCTION.match(line) else "function"
     return "function"
 
 

@@ -25,6 +25,10 @@ TYPES = {
     "typescript interface": "export interface Options {\n  depth: number;\n}\n",
     "typescript alias": "export type Answer = typeof NONE | typeof PROVEN;\n",
     "javascript class": "export default class Parser extends Base {\n",
+    "java annotation type": "/** Marks a test. */\n@Retention(RUNTIME)\n@interface Flaky {\n",
+    "c++ template class": "// A stack.\ntemplate <typename T>\nclass Stack : public Base<T> {\n",
+    "c++ template struct, one line": "template <class T> struct Node {\n",
+    "rust tuple struct": "pub struct Meters(pub f64);\n",
 }
 FUNCTIONS = {
     "python method": "    def parse(self, text):\n        return text\n",
@@ -35,6 +39,9 @@ FUNCTIONS = {
     "c function": "static int interface_count(struct list_head *head)\n{\n",
     "javascript function": "export function typeOf(value) {\n",
     "a later slice of a function": "        if let Some(short) = arg.short {\n",
+    "c function returning a struct": "struct point *make_point(int x, int y)\n{\n",
+    "c function returning a static struct": "static struct list_head lh_init(void)\n{\n",
+    "c++ template function": "template <typename T>\nT max_of(T a, T b) {\n",
 }
 
 
