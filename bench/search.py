@@ -298,6 +298,7 @@ def cmd_multi(args) -> None:
         n_dense, n_bm25 = se.naive_rankings(units, queries, emb)
         flags: dict[str, list[list[bool]]] = {m: [] for m in modes}
         w = shipped
+        no_prior = replace(w, kind=0.0)
         for qi, q in enumerate(queries):
             d, lx, dc = per_definition(list(cands[qi]), rows)
 
@@ -314,7 +315,7 @@ def cmd_multi(args) -> None:
             flags["ours lexical"].append(mark([c for c, _ in collapse([(c, 0.0) for c in lx[0]], rows)]))
             flags["ours doc"].append(mark([c for c, _ in collapse([(c, 0.0) for c in dc[0]], rows)]))
             flags["ours fused"].append(mark([c for c, _ in w.rank(q.query, d, lx, dc, rows)]))
-            flags["no kind prior"].append(mark([c for c, _ in replace(w, kind=0.0).rank(q.query, d, lx, dc, rows)]))
+            flags["no kind prior"].append(mark([c for c, _ in no_prior.rank(q.query, d, lx, dc, rows)]))
             per_query.append((lang, q.path, (d, lx, dc, rows, q)))
             cases.append(search_fusion.Case(
                 lang, se.is_dev(q.path), d, lx,

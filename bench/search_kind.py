@@ -18,28 +18,22 @@ from __future__ import annotations
 import argparse
 import pickle
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.search_python_gap import case_queries  # noqa: E402
+from bench.search_fusion import as_weights  # noqa: E402
+from bench.search_python_gap import case_queries, mrr  # noqa: E402
 from index.code_index import Weights  # noqa: E402
 
 SETS = ("python", "c", "java", "javascript", "typescript", "rust", "jdk", "jdk-doc", "quality", "classes")
 
 
 def parse_fusion(spec: str, kind: float) -> Weights:
-    method, dense, *rest = spec.split(":")
-    power = float(rest[0]) if rest else 1.0
-    return Weights(method, float(dense), round(1 - float(dense), 4), power=power, kind=kind)
-
-
-def mrr(cases, rows, qs, w: Weights) -> float:
-    total = 0.0
-    for (dense, lexical, right), (q, _) in zip(cases, qs, strict=True):
-        hits = [c for c, _ in w.rank(q, dense, lexical, None, rows)[:10]]
-        total += next((1 / (pos + 1) for pos, c in enumerate(hits) if c in right), 0.0)
-    return 100 * total / max(len(cases), 1)
+    """`abs:DENSE:POWER` or `sum:DENSE` as the index's fusion setting, with the prior at `kind`."""
+    method, *params = spec.split(":")
+    return replace(as_weights(method, tuple(float(x) for x in params)), kind=kind)
 
 
 def main() -> None:
@@ -68,7 +62,7 @@ def main() -> None:
             row = {}
             for (n, half), idx in halves.items():
                 cases, rows = data[n]
-                row[n, half] = mrr([cases[i] for i in idx], rows, [qs[n][i] for i in idx], w)
+                row[n, half] = mrr([cases[i] for i in idx], rows, [qs[n][i] for i in idx], fusion=w)
             table[spec, kind] = row
             mean = {h: sum(row[n, h] for n in SETS) / len(SETS) for h in ("dev", "test")}
             print(f"{spec:<10} prior {kind:<5g} dev pooled {pooled(row, 'dev'):5.2f} mean {mean['dev']:5.2f}  "
