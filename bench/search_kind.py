@@ -2,7 +2,7 @@
 query-kind prior (index/query_kind.py) together (issue 55).
 
     python bench/search_kind.py [--model code-minilm] [--cases FILE] [--weights 0,0.02,...]
-                                [--fusions abs:0.65:1,sum:0.75,...]
+                                [--fusions abs:0.65:1,sum:0.75,...] [--prior table|words|oracle]
 
 Re-ranks the per-query lists `bench/search_python_gap.py` caches (the six languages, jdk, jdk-doc, the Python
 standard library's `quality` set and its class queries) with each fusion (`abs:DENSE:POWER` or `sum:DENSE`;
