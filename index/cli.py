@@ -121,7 +121,8 @@ def main_index(argv: list[str], root: Path) -> int:
         _err(prog, str(e))
         return 1
     except KeyboardInterrupt:
-        print(f"{prog}: interrupted; the previous index is unchanged", file=sys.stderr)
+        print(f"{prog}: interrupted; the index keeps what was committed (every changed file by its words, "
+              "the vectors embedded so far), and the next run embeds the rest", file=sys.stderr)
         return 130
     finally:
         ix.close()

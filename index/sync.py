@@ -1,28 +1,37 @@
-"""Incremental sync: bring the index in line with the workspace, committing in batches.
+"""Incremental sync: bring the index in line with the workspace, words first, vectors after.
 
 Scan: files whose size and mtime match what the index recorded are skipped without being read; the
 rest are hashed, and only those whose content hash changed are chunked again. Deleted files lose their
 chunks. Within a changed file, chunks whose embedded text is unchanged keep their vectors (most edits
 touch one function), so only new text is embedded.
 
-Batches: changed files are embedded and committed in batches of about `BATCH_CHUNKS` chunks, each
-batch its own generation (store.py), so a long build that is killed keeps what it had finished, and
-the next sync simply continues: files not yet committed still look changed. With a time budget, sync
-stops after the batch that crosses it and reports how many files are still pending (the agent's tool
-uses this so that a first search in a large repository answers within a minute).
+Two phases. First every change is committed at once: the chunk rows and the BM25 rows of every changed
+file, the vectors kept from before, the deleted files gone. Chunking and BM25 are cheap (the Python
+standard library, 29,000 chunks: ~15 s), embedding is not (minutes on 2 cores), so from then on a
+search finds every file by its words. Then the new vectors are embedded and committed in batches of
+about `BATCH_CHUNKS`, each batch its own generation (store.py). Which files still wait for vectors is
+recorded with each commit (`info["unembedded"]`), so a build that is killed, or stopped by a time budget,
+keeps what it finished and the next sync embeds the rest, chunking those files again (unchanged, they
+chunk the same) rather than storing what their vectors read. With a time budget, each batch after the first
+is sized to the time left at the last one's pace (the first always runs, so that every sync makes
+progress), and sync reports how many files wait for vectors (the agent's tool uses this so that a first search in a large repository answers
+within a minute, over every file).
 
-A full rebuild (new model, new format, or asked for) starts from empty structures; its first batch
-commit replaces the whole old index.
+A full rebuild (new model, new format, or asked for) starts from empty structures; its first commit
+replaces the whole old index.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import re
+import shutil
 import sqlite3
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -34,9 +43,11 @@ from index.files import decode, list_files, noise_reason
 from index.languages import language_for, parser_for
 from index.lexical import Lexical
 
-# Chunks embedded per committed batch: ~1 min of embedding on 2 CPU cores; each commit rewrites the
-# vector and BM25 files, which costs well under a second at this size.
+# Vectors embedded per committed batch: 15-40 s of embedding on 2 CPU cores; each commit rewrites the
+# vector file (the BM25 files are linked from the last generation), well under a second at this size.
 BATCH_CHUNKS = 2048
+# With a time budget, a batch that would hold fewer vectors than this is left for the next sync.
+MIN_BATCH = 128
 # Tokens kept free in each chunk for the symbol part of the header.
 SYMBOL_RESERVE = 16
 # Files modified this recently are re-hashed next time even if size and mtime match: a write in the
@@ -57,7 +68,7 @@ class SyncReport:
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> files
     embedded: int = 0  # chunks embedded by this sync
     reused: int = 0  # chunks whose vectors were kept
-    pending: int = 0  # changed files left for the next sync (time budget reached)
+    pending: int = 0  # files whose vectors are left for the next sync (time budget reached)
     rebuilt: str | None = None  # why the whole index was rebuilt, if it was
     seconds: float = 0.0
 
@@ -73,11 +84,20 @@ class SyncReport:
                      (("added", self.added), ("modified", self.modified), ("deleted", self.deleted)) if v]
             head = (f"indexed {self.changed} changed file{'s' if self.changed != 1 else ''} "
                     f"({', '.join(parts)}); {self.chunks} chunks")
+        elif self.embedded:
+            head = f"embedded {self.embedded} more definitions; {self.chunks} chunks"
+        elif self.pending:
+            head = f"{self.indexed_files} files, {self.chunks} chunks"
         else:
             return f"index up to date: {self.indexed_files} files, {self.chunks} chunks"
-        more = "1 more file is" if self.pending == 1 else f"{self.pending} more files are"
-        tail = f"; {more} indexed on the next searches, results cover the rest" if self.pending else ""
-        return f"{head} in {self.seconds:.1f}s{tail}"
+        return f"{head} in {self.seconds:.1f}s{self._pending_note()}"
+
+    def _pending_note(self) -> str:
+        if not self.pending:
+            return ""
+        files = "1 file" if self.pending == 1 else f"{self.pending} files"
+        return (f"; the vectors of {files} follow on the next searches (until then those files are found "
+                "by their words only)")
 
 
 @dataclass
@@ -197,28 +217,17 @@ class Syncer:
             if ch.text is not None:
                 ch.chunks = chunk_for(ch.row.path, ch.text, self.emb)
                 ch.text = None  # the chunks hold what is needed; let the file text go
-        batches = _batches(changes)
-        total = sum(len(ch.chunks) for ch in changes)
-        done = 0
-        self.progress("embed", 0, total)
-        for i, batch in enumerate(batches):
-            first = i == 0
-            self._commit_batch(batch, deleted if first else [], stat_only if first else [], first, done,
-                               total)
-            done += sum(len(ch.chunks) for ch in batch)
-            if self.budget_s is not None and time.monotonic() - t0 > self.budget_s and i + 1 < len(batches):
-                self.report.pending = sum(len(b) for b in batches[i + 1:])
-                break
-        if not batches and (deleted or stat_only):
-            self._commit_batch([], deleted, stat_only, True, 0, 0)
-        if self.full and not batches and not deleted:
-            self._commit_batch([], [], stat_only, True, 0, 0)  # an empty workspace: an empty index
+        touched = {ch.row.path for ch in changes} | set(deleted)
+        # Files an earlier sync left without their vectors, unchanged since (a changed one is re-chunked
+        # above and its new rows wait for vectors anyway).
+        left = [] if self.full else [p for p in _unembedded(store.read_info(self.con))
+                                     if p in stored and p not in touched]
+        todo = self._commit_rows(changes, deleted, stat_only, left)
+        self._embed(todo, left, t0)
         self.report.chunks = len(self.snap.lexical) if self.snap is not None else 0
         self.report.indexed_files = self.con.execute(
             "SELECT COUNT(*) FROM files WHERE n_chunks > 0").fetchone()[0]
         return self.report, self.snap
-
-    # -- scan ----------------------------------------------------------------------------------------
 
     def _scan(self, stored: dict[str, store.FileRow]):
         listed = list_files(self.root)
@@ -275,29 +284,31 @@ class Syncer:
             return store.FileRow(rel, st.st_size, mtime, h, ft.skip_reason or "skipped"), None
         return store.FileRow(rel, st.st_size, mtime, h, "indexed"), ft.text
 
-    # -- one batch -----------------------------------------------------------------------------------
+    # -- phase 1: every change's rows and BM25 rows, in one generation --------------------------------
 
-    def _commit_batch(self, batch: list[_Change], deleted: list[str], stat_only: list[store.FileRow],
-                      first: bool, done_before: int, total: int) -> None:
+    def _commit_rows(self, changes: list[_Change], deleted: list[str], stat_only: list[store.FileRow],
+                     left: list[str]) -> list[_Todo]:
+        """Commit the changed files' chunks (with the vectors kept from before; no embedding) and the
+        deletions; returns the chunks still to embed."""
         import faiss
 
-        full_commit = self.full and first
+        full_commit = self.full
         info = store.read_info(self.con)
         next_id = int(info.get("next_id", "1"))
-        modified = [ch.row.path for ch in batch if ch.kind == "modified"]
+        modified = [ch.row.path for ch in changes if ch.kind == "modified"]
         # Old chunks of modified files: vectors reusable where the embedded text is unchanged.
         old = store.chunk_hashes(self.con, modified + deleted) if not self.full else {}
-        reusable = {h: cid for p in modified for cid, h in old.get(p, [])}
+        have = _vector_ids(self.snap.vectors) if old else set()
+        reusable = {h: cid for p in modified for cid, h in old.get(p, []) if cid in have}
         gone_ids = [cid for chunks in old.values() for cid, _ in chunks]
 
         rows: list[store.ChunkRow] = []
         files: list[store.FileRow] = []
-        embed_texts: list[str | None] = []
         lex_texts: list[str] = []
         doc_texts: list[str] = []
-        to_embed: list[int] = []
-        reuse_from: list[tuple[int, int]] = []
-        for ch in batch:
+        todo: list[_Todo] = []
+        reuse_from: list[tuple[int, int]] = []  # (row position, old chunk id)
+        for ch in changes:
             r = ch.row
             if r.status == "indexed":
                 r = store.FileRow(r.path, r.size, r.mtime_ns, r.hash,
@@ -307,22 +318,16 @@ class Syncer:
             files.append(r)
             getattr(self.report, ch.kind).append(r.path)
             lang = language_for(r.path) or "text"
-            parsed = lang != "text" and parser_for(lang) is not None
-            for c, dtext in zip(ch.chunks, dense_texts(ch.chunks, parsed=parsed, path=r.path), strict=True):
-                ltext = lexical_text(r.path, c.symbol, c.code, c.context)
-                # The hash names the vector's text; a chunk without one never matches a chunk with one.
-                th = content_hash((dtext if dtext is not None else "\0" + ltext).encode(
-                    "utf-8", errors="surrogatepass"))
+            for c, dtext, ltext, th in _texts(r.path, lang, ch.chunks):
                 rows.append(store.ChunkRow(next_id, r.path, c.start_line, c.end_line, c.symbol, lang, th,
                                            c.text, unit_key(c)))
-                next_id += 1
                 if dtext is None:
                     pass
                 elif th in reusable:
                     reuse_from.append((len(rows) - 1, reusable.pop(th)))
                 else:
-                    to_embed.append(len(rows) - 1)
-                embed_texts.append(dtext)
+                    todo.append(_Todo(next_id, r.path, dtext))
+                next_id += 1
                 lex_texts.append(ltext)
                 doc_texts.append(c.doc)
         self.report.deleted.extend(deleted)
@@ -334,24 +339,9 @@ class Syncer:
                              files=files + stat_only, chunks=[])
             elif stat_only:
                 store.update_stats(self.con, stat_only)
-            return
+            return todo
 
-        vecs = np.zeros((len(rows), self.emb.dim), dtype=np.float32)
-        dense = sorted([i for i, _ in reuse_from] + to_embed)  # the rows that have a vector
-        if to_embed:
-            count = done_before
-
-            def on_batch(n: int) -> None:
-                nonlocal count
-                count += n
-                self.progress("embed", count, total)
-
-            vecs[to_embed] = self.emb.encode([embed_texts[i] for i in to_embed], on_batch=on_batch)
-        for pos, old_id in reuse_from:
-            vecs[pos] = self.snap.vectors.reconstruct(old_id)
-        self.report.embedded += len(to_embed)
-        self.report.reused += len(reuse_from)
-
+        kept = [self.snap.vectors.reconstruct(old_id) for _, old_id in reuse_from]  # before any removal
         if full_commit:
             vectors = faiss.IndexIDMap2(faiss.IndexFlatIP(self.emb.dim))
             lexical, doclex = Lexical.empty(), Lexical.empty()
@@ -361,9 +351,11 @@ class Syncer:
                 vectors.remove_ids(faiss.IDSelectorBatch(np.asarray(gone_ids, dtype=np.int64)))
                 lexical.remove(gone_ids)
                 doclex.remove(gone_ids)
+        if reuse_from:
+            vectors.add_with_ids(np.stack(kept), np.asarray([rows[pos].id for pos, _ in reuse_from], dtype=np.int64))
+            self.report.reused += len(reuse_from)
         if rows:
             ids = np.asarray([r.id for r in rows], dtype=np.int64)
-            vectors.add_with_ids(vecs[dense], ids[dense])
             lexical.add(ids, lex_texts)
             doclex.add(ids, doc_texts)
 
@@ -372,26 +364,154 @@ class Syncer:
         store.write_atomic(store.lexical_path(self.dir, gen), lexical.save)
         store.write_atomic(store.doclex_path(self.dir, gen), doclex.save)
         new_info = {"format": store.FORMAT, "model": self.emb.name, "dim": str(self.emb.dim),
-                    "weights": getattr(self.emb, "fingerprint", ""), "next_id": str(next_id)}
+                    "weights": getattr(self.emb, "fingerprint", ""), "next_id": str(next_id),
+                    "unembedded": _paths_json([*left, *(t.path for t in todo)])}
         if full_commit:
             new_info["built_at"] = str(time.time())
         store.commit(self.con, gen=gen, info=new_info, full=full_commit, removed_paths=modified + deleted,
                      files=files + stat_only, chunks=rows)
         self.snap = store.Snapshot(gen, store.read_info(self.con), vectors, lexical, doclex)
         store.remove_stale(self.dir, gen)
+        return todo
+
+    # -- phase 2: vectors, in batches -----------------------------------------------------------------
+
+    def _embed(self, todo: list[_Todo], left: list[str], t0: float) -> None:
+        """Embed `todo`, then the chunks of `left` that lack vectors, a batch a generation, until done or
+        the budget is spent."""
+        if not todo and not left:
+            return
+        have = _vector_ids(self.snap.vectors) if left else set()
+        total = len(todo) + self._estimate(left, have)
+        done = 0
+        self.progress("embed", 0, total)
+        queue, later = list(todo), list(left)
+        stale: list[str] = []  # left files that no longer chunk as their rows say
+        size = BATCH_CHUNKS
+        while queue or later:
+            started = time.monotonic()
+            while len(queue) < size and later:
+                path = later.pop(0)
+                found = self._todo_of(path, have)
+                if found is None:
+                    stale.append(path)
+                else:
+                    queue.extend(found)
+            batch, queue = queue[:size], queue[size:]  # empty: only the list of waiting files changes
+            count = done
+
+            def on_batch(n: int) -> None:
+                nonlocal count
+                count += n
+                self.progress("embed", count, max(total, count))
+
+            vecs = self.emb.encode([t.text for t in batch], on_batch=on_batch) if batch else None
+            done += len(batch)
+            waiting = _paths_json([*(t.path for t in queue), *later])
+            self._commit_vectors(batch, vecs, waiting, stale)
+            stale = []
+            if self.budget_s is not None:
+                # The next batch is as large as the time left allows at this batch's pace; none if that is
+                # only a sliver.
+                now = time.monotonic()
+                size = min(BATCH_CHUNKS, int(len(batch) * (self.budget_s - (now - t0)) / max(now - started, 1e-3)))
+                if size < min(MIN_BATCH, BATCH_CHUNKS):
+                    break
+        self.report.pending = len({t.path for t in queue} | set(later))
+
+    def _commit_vectors(self, batch: list[_Todo], vecs, waiting: str, stale: list[str]) -> None:
+        """A generation with `batch`'s vectors added: the vector file anew, the BM25 files linked."""
+        import faiss
+
+        vectors = self.snap.vectors
+        if batch:
+            vectors.add_with_ids(np.asarray(vecs, dtype=np.float32),
+                                 np.asarray([t.id for t in batch], dtype=np.int64))
+            self.report.embedded += len(batch)
+        old_gen = self.snap.gen
+        gen = int(store.read_info(self.con).get("gen", "0")) + 1
+        store.write_atomic(store.vectors_path(self.dir, gen), lambda p: faiss.write_index(vectors, str(p)))
+        for path_of in (store.lexical_path, store.doclex_path):
+            store.write_atomic(path_of(self.dir, gen), lambda p, src=path_of(self.dir, old_gen): _link(src, p))
+        # A stale file is looked at afresh by the next scan: no mtime and no hash recorded.
+        files = [replace(f, mtime_ns=0, hash="") for f in store.read_files(self.con).values() if f.path in stale]
+        store.commit(self.con, gen=gen, info={"unembedded": waiting}, full=False, removed_paths=[],
+                     files=files, chunks=[])
+        self.snap = store.Snapshot(gen, store.read_info(self.con), vectors, self.snap.lexical, self.snap.doclex)
+        store.remove_stale(self.dir, gen)
+
+    def _todo_of(self, path: str, have: set[int]) -> list[_Todo] | None:
+        """The chunks of a file committed earlier that still lack vectors, with the texts to embed:
+        the file chunked again, its rows matched by their text hashes. None when the file is gone or
+        no longer chunks as its rows say."""
+        rows = self.con.execute("SELECT id, text_hash, lang FROM chunks WHERE path = ? ORDER BY id",
+                                (path,)).fetchall()
+        try:
+            ft = decode((self.root / path).read_bytes(), max_bytes=self.max_file_bytes)
+        except OSError:
+            return None
+        if ft.text is None or not rows:
+            return None
+        texts = _texts(path, rows[0][2], chunk_for(path, ft.text, self.emb))
+        if len(texts) != len(rows) or any(th != r[1] for (_, _, _, th), r in zip(texts, rows, strict=True)):
+            return None
+        return [_Todo(r[0], path, dtext) for (_, dtext, _, _), r in zip(texts, rows, strict=True)
+                if dtext is not None and r[0] not in have]
+
+    def _estimate(self, paths: list[str], have: set[int]) -> int:
+        """About how many chunks of `paths` wait for vectors (for progress): their definitions' first
+        chunks, and every chunk of a file without a grammar, less those with vectors."""
+        n = 0
+        for path in paths:
+            seen = set()
+            for cid, unit, lang in self.con.execute("SELECT id, unit, lang FROM chunks WHERE path = ? ORDER BY id",
+                                                    (path,)):
+                first = unit and unit not in seen
+                seen.add(unit)
+                n += (first or lang == "text") and cid not in have
+        return n
 
 
-def _batches(changes: list[_Change]) -> list[list[_Change]]:
-    """Consecutive files, about BATCH_CHUNKS chunks per batch (a file is never split)."""
-    out: list[list[_Change]] = []
-    cur: list[_Change] = []
-    n = 0
-    for ch in changes:
-        if cur and n + len(ch.chunks) > BATCH_CHUNKS:
-            out.append(cur)
-            cur, n = [], 0
-        cur.append(ch)
-        n += len(ch.chunks)
-    if cur:
-        out.append(cur)
+@dataclass
+class _Todo:
+    id: int  # chunk id
+    path: str
+    text: str  # what its vector reads (dense_texts)
+
+
+def _texts(path: str, lang: str, chunks: list[Chunk]) -> list[tuple[Chunk, str | None, str, str]]:
+    """Each chunk with its dense text (None: no vector), its BM25 text and the hash that names them."""
+    parsed = lang != "text" and parser_for(lang) is not None
+    out = []
+    for c, dtext in zip(chunks, dense_texts(chunks, parsed=parsed, path=path), strict=True):
+        ltext = lexical_text(path, c.symbol, c.code, c.context)
+        # The hash names the vector's text; a chunk without one never matches a chunk with one.
+        th = content_hash((dtext if dtext is not None else "\0" + ltext).encode("utf-8", errors="surrogatepass"))
+        out.append((c, dtext, ltext, th))
     return out
+
+
+def _vector_ids(vectors) -> set[int]:
+    import faiss
+
+    return set(faiss.vector_to_array(vectors.id_map).tolist())
+
+
+def _unembedded(info: dict[str, str]) -> list[str]:
+    try:
+        paths = json.loads(info.get("unembedded", "[]"))
+    except ValueError:
+        return []
+    return [p for p in paths if isinstance(p, str)] if isinstance(paths, list) else []
+
+
+def _paths_json(paths) -> str:
+    return json.dumps(list(dict.fromkeys(paths)))
+
+
+def _link(src: Path, dst: Path) -> None:
+    """`dst` as the same file as `src` (a hard link), or a copy where links are not supported."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)

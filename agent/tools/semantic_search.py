@@ -16,8 +16,9 @@ from typing import Annotated
 from agent.tools.base import ToolError, ToolResult, tool
 from agent.tools.context import ToolContext
 
-# A first search in a large repository must not stall the agent for many minutes: indexing stops
-# after the batch that crosses this budget and continues on later calls (the answer says so).
+# A first search in a large repository must not stall the agent for many minutes: every file is
+# indexed by its words at once, and embedding stops after the batch that crosses this budget and
+# continues on later calls (the answer says so).
 SYNC_BUDGET_S = 45.0
 SNIPPET_LINES = 12
 # What the index needs beyond the agent's own dependencies (found without importing them).
@@ -59,7 +60,7 @@ def semantic_search(
     notes = []
     try:
         report = ix.sync(wait=False, budget_s=SYNC_BUDGET_S)
-        if report.rebuilt or report.changed:
+        if report.rebuilt or report.changed or report.embedded or report.pending:
             notes.append(report.summary())
     except IndexBusy:
         notes.append("another process is updating the index; results may miss the newest changes")

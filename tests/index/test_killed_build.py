@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -43,10 +44,15 @@ def kill_when(proc: subprocess.Popen, ready) -> None:
     assert proc.returncode == -signal.SIGKILL
 
 
+def waiting(ix: CodeIndex) -> list[str]:
+    return json.loads(ix.info().get("unembedded", "[]"))
+
+
 @pytest.mark.slow
-def test_sigkill_during_a_build_keeps_the_previous_index(indexed_repo: Path, embedder):
+def test_sigkill_while_embedding_keeps_the_committed_rows_and_the_next_sync_embeds_the_rest(
+        indexed_repo: Path, embedder):
     before = CodeIndex(indexed_repo, embedder=embedder)
-    gen = before.info()["gen"]
+    gen = int(before.info()["gen"])
     n_before = before._current().vectors.ntotal
     # Enough new code (~150 chunks) that embedding takes seconds, so the kill lands in the middle.
     copy_modules(indexed_repo, ["argparse.py", "getopt.py"])
@@ -65,14 +71,16 @@ def test_sigkill_during_a_build_keeps_the_previous_index(indexed_repo: Path, emb
     assert started, "the build never started embedding"
 
     after = CodeIndex(indexed_repo, embedder=embedder)
-    assert after.info()["gen"] == gen
+    # The rows of both files were committed before embedding began (one generation), their vectors not.
+    assert int(after.info()["gen"]) == gen + 1
     assert after._current().vectors.ntotal == n_before
-    hits = after.search("wrap a paragraph of text to a fixed line width", 3)
-    assert hits[0].path == "textwrap.py"
-    assert not after._con.execute("SELECT 1 FROM files WHERE path = 'argparse.py'").fetchall()
-    # The lock died with the process; the next sync finishes the job and cleans the leftovers.
+    assert sorted(waiting(after)) == ["argparse.py", "getopt.py"]
+    assert after.search("wrap a paragraph of text to a fixed line width", 3)[0].path == "textwrap.py"
+    assert "getopt.py" in {h.path for h in after.search("getopt long options", 3)}  # by its words
+    # The lock died with the process; the next sync embeds what was left and cleans the leftovers.
     r = after.sync()
-    assert r.added == ["argparse.py", "getopt.py"]
+    assert r.changed == 0 and r.rebuilt is None and r.embedded > 0 and r.pending == 0
+    assert after._current().vectors.ntotal == n_before + r.embedded and waiting(after) == []
     assert not [p.name for p in after.dir.iterdir() if p.name.endswith(".tmp")]
 
 
@@ -80,20 +88,21 @@ def test_sigkill_during_a_build_keeps_the_previous_index(indexed_repo: Path, emb
 def test_sigkill_after_some_batches_keeps_them_and_the_next_sync_finishes(indexed_repo: Path, embedder):
     before = CodeIndex(indexed_repo, embedder=embedder)
     gen = int(before.info()["gen"])
-    copy_modules(indexed_repo, ["argparse.py", "calendar.py", "difflib.py", "getopt.py", "pprint.py"])
+    n_before = before._current().vectors.ntotal
+    new = {"argparse.py", "calendar.py", "difflib.py", "getopt.py", "pprint.py"}
+    copy_modules(indexed_repo, sorted(new))
     # Small batches, so that several commits happen within the build (the setting, not the code path,
     # is what the test changes).
     proc = start_build(indexed_repo, "import index.sync; index.sync.BATCH_CHUNKS = 20; ", stderr=subprocess.DEVNULL)
-    kill_when(proc, lambda: int(before.info().get("gen", gen)) >= gen + 2)  # two batches committed
+    kill_when(proc, lambda: int(before.info().get("gen", gen)) >= gen + 3)  # the rows, then two batches
 
     after = CodeIndex(indexed_repo, embedder=embedder)
-    done = {r[0] for r in after._con.execute("SELECT path FROM files")}
-    new = {"argparse.py", "calendar.py", "difflib.py", "getopt.py", "pprint.py"}
-    assert 0 < len(new & done) < len(new)  # some files committed, not all
-    assert int(after.info()["gen"]) >= gen + 2
+    assert new <= {r[0] for r in after._con.execute("SELECT path FROM files")}  # every file's rows
+    kept = after._current().vectors.ntotal - n_before
+    assert kept >= 40 and waiting(after)  # two batches of vectors, not all
     assert after.search("wrap a paragraph of text to a fixed line width", 1)[0].path == "textwrap.py"
     r = after.sync()
-    assert r.rebuilt is None and set(r.added) == new - done
-    # One vector per definition: those of the files not committed before, and no others.
-    assert r.embedded == len({(p, u) for p, u in after._con.execute("SELECT path, unit FROM chunks")
-                              if p in new - done and u})
+    assert r.rebuilt is None and r.changed == 0 and waiting(after) == []
+    # One vector per definition of the new files: those embedded before the kill, and the rest now.
+    assert kept + r.embedded == len({(p, u) for p, u in after._con.execute("SELECT path, unit FROM chunks")
+                                     if p in new and u})

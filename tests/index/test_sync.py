@@ -230,26 +230,86 @@ def test_empty_workspace(tmp_path: Path, embedder):
         ix.search("   ", 5)
 
 
-def test_a_time_budget_commits_whole_batches_and_the_next_sync_continues(tmp_path: Path, embedder,
-                                                                           monkeypatch):
+def partly_embedded(ix: CodeIndex) -> set[int]:
+    """Every row is in the database and both BM25 indexes; the vectors are some of the definitions'
+    (each on its first chunk). Returns the vector ids."""
+    snap = ix._current()
+    rows = ix._con.execute("SELECT id, path, unit FROM chunks ORDER BY id").fetchall()
+    assert list(snap.lexical.ids) == [r[0] for r in rows] and len(snap.doclex) == len(rows)
+    firsts: dict = {}
+    for cid, path, unit in rows:
+        if unit:
+            firsts.setdefault((path, unit), cid)
+    have = vector_ids(ix)
+    assert have <= set(firsts.values()) and snap.vectors.ntotal == len(have)
+    return have
+
+
+def waiting(ix: CodeIndex) -> list[str]:
+    import json
+
+    return json.loads(ix.info().get("unembedded", "[]"))
+
+
+def test_a_time_budget_commits_every_file_by_its_words_and_the_next_sync_embeds_the_rest(
+        tmp_path: Path, embedder, monkeypatch):
     from index import sync
 
     repo = make_repo(tmp_path / "repo", ["textwrap.py", "colorsys.py", "fnmatch.py", "bisect.py"])
-    monkeypatch.setattr(sync, "BATCH_CHUNKS", 10)  # about one file per batch
+    monkeypatch.setattr(sync, "BATCH_CHUNKS", 4)
     ix = CodeIndex(repo, embedder=embedder)
-    first = ix.sync(budget_s=0)  # stop after the first batch
-    first_vectors = ix._current().vectors.ntotal
-    assert first.pending == 3 and first.added == ["bisect.py"]
-    assert "3 more files are indexed on the next searches" in first.summary()
-    consistent(ix)
-    assert ix.search("insert into a sorted list", 3)  # the partial index answers
+    first = ix.sync(budget_s=0)  # one batch of vectors, then the budget is spent
+    assert first.added == ["bisect.py", "colorsys.py", "fnmatch.py", "textwrap.py"]
+    assert first.embedded == 4 and 3 <= first.pending <= 4
+    assert f"the vectors of {first.pending} files follow on the next searches" in first.summary()
+    assert len(partly_embedded(ix)) == 4 and len(waiting(ix)) == first.pending
+    # every file answers by its words already
+    assert top_paths(ix, "textwrap wrap paragraph width", 1) == ["textwrap.py"]
+    assert top_paths(ix, "fnmatch translate shell pattern", 1) == ["fnmatch.py"]
+    monkeypatch.undo()
     rest = ix.sync()
-    assert rest.pending == 0 and rest.rebuilt is None
-    assert rest.added == ["colorsys.py", "fnmatch.py", "textwrap.py"]
-    # nothing committed before is embedded again
-    assert rest.embedded == ix._current().vectors.ntotal - first_vectors
+    assert rest.changed == 0 and rest.rebuilt is None and rest.pending == 0
+    assert rest.embedded == ix._current().vectors.ntotal - 4 > 0  # nothing embedded twice
+    assert rest.summary().startswith(f"embedded {rest.embedded} more definitions")
+    assert waiting(ix) == []
     consistent(ix)
     assert top_paths(ix, "wrap a paragraph of text to a fixed line width", 1) == ["textwrap.py"]
+    assert ix.sync().summary().startswith("index up to date")
+
+
+def test_a_build_killed_between_batches_keeps_its_vectors_and_the_next_sync_embeds_only_the_rest(
+        tmp_path: Path, embedder, monkeypatch):
+    from index import sync
+
+    repo = make_repo(tmp_path / "repo", ["textwrap.py", "colorsys.py", "fnmatch.py", "bisect.py"])
+    monkeypatch.setattr(sync, "BATCH_CHUNKS", 4)  # a few vectors a batch
+    commit, calls = store.commit, []
+
+    def killed_at_the_third(*a, **kw):  # the rows, one batch of vectors, then the process dies
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return commit(*a, **kw)
+
+    monkeypatch.setattr(store, "commit", killed_at_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        CodeIndex(repo, embedder=embedder).sync()
+    monkeypatch.setattr(store, "commit", commit)
+    ix = CodeIndex(repo, embedder=embedder)
+    kept = partly_embedded(ix)
+    assert len(kept) == 4 and waiting(ix)
+    # one waiting file is edited meanwhile: it is chunked anew, the others are embedded as they were
+    edited = sorted(waiting(ix))[-1]
+    (repo / edited).write_text((repo / edited).read_text() + "\n\ndef added_later():\n    return 1\n")
+    edited_ids = {r[0] for r in ix._con.execute("SELECT id FROM chunks WHERE path = ?", (edited,))}
+    rest = ix.sync()
+    assert rest.modified == [edited] and rest.added == [] and rest.pending == 0
+    assert kept - edited_ids <= vector_ids(ix)  # what was embedded before stays
+    # and is not embedded again (the edited file's old vectors are reused where its text is unchanged)
+    assert rest.embedded == ix._current().vectors.ntotal - len(kept)
+    assert waiting(ix) == []
+    consistent(ix)
+    assert "added_later" in {h.symbol for h in ix.search("added later", 5)}
 
 
 def test_a_long_definition_has_one_vector_of_its_whole_code(indexed_repo: Path, embedder):

@@ -93,6 +93,8 @@ def test_the_tool_spec_is_unchanged_in_shape():
 
 def test_a_first_search_in_a_large_repository_answers_before_the_index_is_complete(
         tmp_path: Path, embedder, monkeypatch):
+    import re
+
     from agent.tools import semantic_search as tool_module
     from index import sync
 
@@ -100,18 +102,25 @@ def test_a_first_search_in_a_large_repository_answers_before_the_index_is_comple
     repo.mkdir()
     for name in ["bisect.py", "colorsys.py", "fnmatch.py"]:
         shutil.copy2(STDLIB / name, repo / name)
-    monkeypatch.setattr(sync, "BATCH_CHUNKS", 10)
-    monkeypatch.setattr(tool_module, "SYNC_BUDGET_S", 0.0)
+    monkeypatch.setattr(sync, "BATCH_CHUNKS", 4)
+    monkeypatch.setattr(tool_module, "SYNC_BUDGET_S", 0.0)  # one batch of vectors a call
     ex = Executor(default_registry(), ToolContext.for_root(repo))
     try:
-        r = call(ex, query="insert an item into a sorted list", k=2)
-        assert r.ok and "2 more files are indexed on the next searches" in r.content
-        assert r.data["hits"][0]["path"] == "bisect.py"
-        r = call(ex, query="convert rgb color to hls", k=2)  # the next call continues
-        assert r.ok and "1 more file is indexed on the next searches" in r.content
         r = call(ex, query="convert rgb color to hls", k=2)
-        assert r.ok and "more file" not in r.content
+        # every file is in after the first call, by its words; the vectors follow call by call
+        assert r.ok and "built the index" in r.content and "3 files, " in r.content
+        waiting = [int(re.search(r"the vectors of (\d+) files? follow", r.content).group(1))]
         assert r.data["hits"][0]["path"] == "colorsys.py"
+        while "follow on the next searches" in r.content:
+            r = call(ex, query="convert rgb color to hls", k=2)
+            assert r.ok and r.data["hits"][0]["path"] == "colorsys.py"
+            m = re.search(r"the vectors of (\d+) files? follow", r.content)
+            waiting.append(int(m.group(1)) if m else 0)
+            assert len(waiting) < 20
+        assert waiting == sorted(waiting, reverse=True) and waiting[0] >= 2 and waiting[-1] == 0
+        assert "embedded" in r.content  # the last call's note
+        r = call(ex, query="insert an item into a sorted list", k=2)
+        assert r.ok and r.data["hits"][0]["path"] == "bisect.py" and not r.data["notes"]
     finally:
         ex.close()
 
