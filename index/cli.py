@@ -54,8 +54,8 @@ class _Progress:
 
         bar = self.bars.get(stage)
         if bar is None:
-            desc = {"scan": "scanning files", "embed": "embedding"}.get(stage, stage)
-            unit = "file" if stage == "scan" else "chunk"
+            desc = {"scan": "scanning files", "chunk": "chunking files", "embed": "embedding"}.get(stage, stage)
+            unit = "chunk" if stage == "embed" else "file"
             bar = self.bars[stage] = tqdm(total=total, desc=desc, unit=unit, file=self.stream,
                                           leave=False, dynamic_ncols=True)
         bar.n = done

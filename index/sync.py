@@ -54,7 +54,7 @@ SYMBOL_RESERVE = 16
 # same mtime tick as our stat would otherwise go unnoticed (the "racy git" problem).
 RACY_NS = 2_000_000_000
 
-Progress = Callable[[str, int, int], None]  # (stage, done, total); stages: "scan", "embed"
+Progress = Callable[[str, int, int], None]  # (stage, done, total); stages: "scan", "chunk", "embed"
 
 
 @dataclass
@@ -213,10 +213,14 @@ class Syncer:
         t0 = time.monotonic()
         stored = {} if self.full else store.read_files(self.con)
         changes, stat_only, deleted = self._scan(stored)
-        for ch in changes:
+        for i, ch in enumerate(changes):
+            if i % 50 == 0:
+                self.progress("chunk", i, len(changes))
             if ch.text is not None:
                 ch.chunks = chunk_for(ch.row.path, ch.text, self.emb)
                 ch.text = None  # the chunks hold what is needed; let the file text go
+        if changes:
+            self.progress("chunk", len(changes), len(changes))
         touched = {ch.row.path for ch in changes} | set(deleted)
         # Files an earlier sync left without their vectors, unchanged since (a changed one is re-chunked
         # above and its new rows wait for vectors anyway).

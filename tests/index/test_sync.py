@@ -351,3 +351,13 @@ def test_an_index_of_an_older_format_rebuilds_itself(indexed_repo: Path, embedde
     assert top_paths(ix, "wrap a paragraph of text to a fixed line width", 1) == ["textwrap.py"]
     consistent(ix)
     ix.close()
+
+
+def test_progress_goes_scan_chunk_embed(tmp_path: Path, embedder):
+    repo = make_repo(tmp_path / "repo", ["bisect.py", "colorsys.py"])
+    seen: list[tuple[str, int, int]] = []
+    CodeIndex(repo, embedder=embedder).sync(progress=lambda stage, done, total: seen.append((stage, done, total)))
+    assert list(dict.fromkeys(stage for stage, _, _ in seen)) == ["scan", "chunk", "embed"]
+    assert ("chunk", 2, 2) in seen
+    stage, done, total = seen[-1]
+    assert stage == "embed" and done == total > 0
