@@ -9,13 +9,15 @@ Two phases. First every change is committed at once: the chunk rows and the BM25
 file, the vectors kept from before, the deleted files gone. Chunking and BM25 are cheap (the Python
 standard library, 29,000 chunks: ~15 s), embedding is not (minutes on 2 cores), so from then on a
 search finds every file by its words. Then the new vectors are embedded and committed in batches of
-about `BATCH_CHUNKS`, each batch its own generation (store.py). Which files still wait for vectors is
-recorded with each commit (`info["unembedded"]`), so a build that is killed, or stopped by a time budget,
-keeps what it finished and the next sync embeds the rest, chunking those files again (unchanged, they
-chunk the same) rather than storing what their vectors read. With a time budget, each batch after the first
-is sized to the time left at the last one's pace (the first always runs, so that every sync makes
-progress), and sync reports how many files wait for vectors (the agent's tool uses this so that a first search in a large repository answers
-within a minute, over every file).
+about `BATCH_CHUNKS`, each batch its own generation (store.py). Which files still wait for vectors,
+and how many vectors, is recorded with each commit (`info["unembedded"]`, `"unembedded_vectors"`: a
+search reads the dense list only as deep as it will be when complete, `code_index.dense_depth`), so a
+build that is killed, or stopped by a time budget, keeps what it finished and the next sync embeds the
+rest, chunking those files again (unchanged, they chunk the same) rather than storing what their
+vectors read. With a time budget, a small first batch always runs (every sync makes progress) and
+measures the pace, each next batch is sized to the time left, and the report says how many files wait
+for vectors: the agent's tool uses this so that a first search in a large repository answers within a
+minute, over every file.
 
 A full rebuild (new model, new format, or asked for) starts from empty structures; its first commit
 replaces the whole old index.
@@ -46,7 +48,9 @@ from index.lexical import Lexical
 # Vectors embedded per committed batch: 15-40 s of embedding on 2 CPU cores; each commit rewrites the
 # vector file (the BM25 files are linked from the last generation), well under a second at this size.
 BATCH_CHUNKS = 2048
-# With a time budget, a batch that would hold fewer vectors than this is left for the next sync.
+# With a time budget: the first batch (it always runs, and measures the pace), and the fewest vectors
+# worth a batch (fewer are left for the next sync).
+FIRST_BATCH = 256
 MIN_BATCH = 128
 # Tokens kept free in each chunk for the symbol part of the header.
 SYMBOL_RESERVE = 16
@@ -369,7 +373,8 @@ class Syncer:
         store.write_atomic(store.doclex_path(self.dir, gen), doclex.save)
         new_info = {"format": store.FORMAT, "model": self.emb.name, "dim": str(self.emb.dim),
                     "weights": getattr(self.emb, "fingerprint", ""), "next_id": str(next_id),
-                    "unembedded": _paths_json([*left, *(t.path for t in todo)])}
+                    "unembedded": _paths_json([*left, *(t.path for t in todo)]),
+                    "unembedded_vectors": str(len(todo) + self._estimate(left, _vector_ids(vectors) if left else set()))}
         if full_commit:
             new_info["built_at"] = str(time.time())
         store.commit(self.con, gen=gen, info=new_info, full=full_commit, removed_paths=modified + deleted,
@@ -391,7 +396,8 @@ class Syncer:
         self.progress("embed", 0, total)
         queue, later = list(todo), list(left)
         stale: list[str] = []  # left files that no longer chunk as their rows say
-        size = BATCH_CHUNKS
+        # With a budget, a small first batch measures the pace; each next one is sized to the time left.
+        size = BATCH_CHUNKS if self.budget_s is None else min(BATCH_CHUNKS, FIRST_BATCH)
         while queue or later:
             started = time.monotonic()
             while len(queue) < size and later:
@@ -411,7 +417,8 @@ class Syncer:
 
             vecs = self.emb.encode([t.text for t in batch], on_batch=on_batch) if batch else None
             done += len(batch)
-            waiting = _paths_json([*(t.path for t in queue), *later])
+            waiting = {"unembedded": _paths_json([*(t.path for t in queue), *later]),
+                       "unembedded_vectors": str(len(queue) + self._estimate(later, have))}
             self._commit_vectors(batch, vecs, waiting, stale)
             stale = []
             if self.budget_s is not None:
@@ -423,7 +430,7 @@ class Syncer:
                     break
         self.report.pending = len({t.path for t in queue} | set(later))
 
-    def _commit_vectors(self, batch: list[_Todo], vecs, waiting: str, stale: list[str]) -> None:
+    def _commit_vectors(self, batch: list[_Todo], vecs, waiting: dict[str, str], stale: list[str]) -> None:
         """A generation with `batch`'s vectors added: the vector file anew, the BM25 files linked."""
         import faiss
 
@@ -439,7 +446,7 @@ class Syncer:
             store.write_atomic(path_of(self.dir, gen), lambda p, src=path_of(self.dir, old_gen): _link(src, p))
         # A stale file is looked at afresh by the next scan: no mtime and no hash recorded.
         files = [replace(f, mtime_ns=0, hash="") for f in store.read_files(self.con).values() if f.path in stale]
-        store.commit(self.con, gen=gen, info={"unembedded": waiting}, full=False, removed_paths=[],
+        store.commit(self.con, gen=gen, info=waiting, full=False, removed_paths=[],
                      files=files, chunks=[])
         self.snap = store.Snapshot(gen, store.read_info(self.con), vectors, self.snap.lexical, self.snap.doclex)
         store.remove_stale(self.dir, gen)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from index import store
-from index.code_index import CodeIndex
+from index.code_index import CodeIndex, dense_depth
 from tests.conftest import git
 
 from .conftest import STDLIB, copy_modules, make_repo
@@ -263,6 +264,7 @@ def test_a_time_budget_commits_every_file_by_its_words_and_the_next_sync_embeds_
     assert first.embedded == 4 and 3 <= first.pending <= 4
     assert f"the vectors of {first.pending} files follow on the next searches" in first.summary()
     assert len(partly_embedded(ix)) == 4 and len(waiting(ix)) == first.pending
+    partial_info, partial_depth = ix.info(), dense_depth(ix._current(), 100)
     # every file answers by its words already
     assert top_paths(ix, "textwrap wrap paragraph width", 1) == ["textwrap.py"]
     assert top_paths(ix, "fnmatch translate shell pattern", 1) == ["fnmatch.py"]
@@ -270,6 +272,10 @@ def test_a_time_budget_commits_every_file_by_its_words_and_the_next_sync_embeds_
     rest = ix.sync()
     assert rest.changed == 0 and rest.rebuilt is None and rest.pending == 0
     assert rest.embedded == ix._current().vectors.ntotal - 4 > 0  # nothing embedded twice
+    # the partial index knew how many vectors were to come, and read its dense list that much shallower
+    assert int(partial_info["unembedded_vectors"]) == rest.embedded
+    assert partial_depth == math.ceil(100 * 4 / (4 + rest.embedded)) < 100
+    assert ix.info()["unembedded_vectors"] == "0" and dense_depth(ix._current(), 100) == 100
     assert rest.summary().startswith(f"embedded {rest.embedded} more definitions")
     assert waiting(ix) == []
     consistent(ix)
