@@ -17,8 +17,8 @@ from agent.tools.base import ToolError, ToolResult, tool
 from agent.tools.context import ToolContext
 
 # A first search in a large repository must not stall the agent for many minutes: every file is
-# indexed by its words at once, and embedding stops after the batch that crosses this budget and
-# continues on later calls (the answer says so).
+# indexed by its words at once, embedding fills about this many seconds of each call (batches sized to
+# the time left), and the rest continues on later calls (the answer says so).
 SYNC_BUDGET_S = 45.0
 SNIPPET_LINES = 12
 # What the index needs beyond the agent's own dependencies (found without importing them).
