@@ -63,12 +63,9 @@ def words_prior(pairs_file: Path):
         return f
 
     texts, kinds = [], []
-    for p in embed_mine.read(pairs_file):
-        if p.kind == "sentence":
-            lines = p.positive.split("\n")
-            head = next((i for i, x in enumerate(lines[:2]) if not query_kind._HEAD.fullmatch(x)), min(2, len(lines)))
-            texts.append(p.query)
-            kinds.append(query_kind.definition_kind("\n".join(lines[head:])) == "type")
+    for query, kind in query_kind.labelled(embed_mine.read(pairs_file)):
+        texts.append(query)
+        kinds.append(kind == "type")
     vec = DictVectorizer()
     model = LogisticRegression(C=1.0, max_iter=2000).fit(vec.fit_transform([features(q) for q in texts]), kinds)
     pi = float(np.mean(kinds))

@@ -21,7 +21,7 @@ import json
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from functools import cache
 from pathlib import Path
 
@@ -59,18 +59,25 @@ def first_word(query: str) -> str:
     return m.group(0) if m else ""
 
 
-def build_table(pairs: Iterable) -> dict:
-    """The table from mined pairs (`embed_mine.Pair`, first-sentence pairs only): first word -> docs of
-    types, docs of functions."""
-    counts = {"type": Counter(), "function": Counter()}
+def labelled(pairs: Iterable) -> Iterator[tuple[str, str]]:
+    """(doc's first sentence, kind of the definition it documents) of the mined first-sentence pairs
+    (`embed_mine.Pair`); the kind is read from the code after the dense text's name and context lines."""
     for p in pairs:
         if p.kind != "sentence":
             continue
         lines = p.positive.split("\n")
         code = lines[next((i for i, x in enumerate(lines[:2]) if not _HEAD.fullmatch(x)), min(2, len(lines))):]
-        w = first_word(p.query)
+        yield p.query, definition_kind("\n".join(code))
+
+
+def build_table(pairs: Iterable) -> dict:
+    """The table from mined pairs (first-sentence pairs only): first word -> docs of types, docs of
+    functions."""
+    counts = {"type": Counter(), "function": Counter()}
+    for query, kind in labelled(pairs):
+        w = first_word(query)
         if w:
-            counts[definition_kind("\n".join(code))][w] += 1
+            counts[kind][w] += 1
     total = counts["type"] + counts["function"]
     keep = sorted(w for w, n in total.items() if n >= MIN_COUNT)
     return {"docs": {k: sum(c.values()) for k, c in counts.items()},

@@ -230,8 +230,12 @@ class Syncer:
         # above and its new rows wait for vectors anyway).
         left = [] if self.full else [p for p in _unembedded(store.read_info(self.con))
                                      if p in stored and p not in touched]
-        todo = self._commit_rows(changes, deleted, stat_only, left)
-        self._embed(todo, left, t0)
+        # Left files are untouched by this sync's commits, so which of their chunks have vectors is
+        # read once.
+        have = _vector_ids(self.snap.vectors) if left else set()
+        wanted = self._estimate(left, have)
+        todo = self._commit_rows(changes, deleted, stat_only, left, wanted)
+        self._embed(todo, left, have, len(todo) + wanted, t0)
         self.report.chunks = len(self.snap.lexical) if self.snap is not None else 0
         self.report.indexed_files = self.con.execute(
             "SELECT COUNT(*) FROM files WHERE n_chunks > 0").fetchone()[0]
@@ -295,9 +299,10 @@ class Syncer:
     # -- phase 1: every change's rows and BM25 rows, in one generation --------------------------------
 
     def _commit_rows(self, changes: list[_Change], deleted: list[str], stat_only: list[store.FileRow],
-                     left: list[str]) -> list[_Todo]:
+                     left: list[str], left_vectors: int) -> list[_Todo]:
         """Commit the changed files' chunks (with the vectors kept from before; no embedding) and the
-        deletions; returns the chunks still to embed."""
+        deletions; returns the chunks still to embed. `left`: files an earlier sync left waiting for
+        `left_vectors` vectors, recorded as still waiting."""
         import faiss
 
         full_commit = self.full
@@ -374,7 +379,7 @@ class Syncer:
         new_info = {"format": store.FORMAT, "model": self.emb.name, "dim": str(self.emb.dim),
                     "weights": getattr(self.emb, "fingerprint", ""), "next_id": str(next_id),
                     "unembedded": _paths_json([*left, *(t.path for t in todo)]),
-                    "unembedded_vectors": str(len(todo) + self._estimate(left, _vector_ids(vectors) if left else set()))}
+                    "unembedded_vectors": str(len(todo) + left_vectors)}
         if full_commit:
             new_info["built_at"] = str(time.time())
         store.commit(self.con, gen=gen, info=new_info, full=full_commit, removed_paths=modified + deleted,
@@ -385,13 +390,11 @@ class Syncer:
 
     # -- phase 2: vectors, in batches -----------------------------------------------------------------
 
-    def _embed(self, todo: list[_Todo], left: list[str], t0: float) -> None:
-        """Embed `todo`, then the chunks of `left` that lack vectors, a batch a generation, until done or
-        the budget is spent."""
+    def _embed(self, todo: list[_Todo], left: list[str], have: set[int], total: int, t0: float) -> None:
+        """Embed `todo`, then the chunks of `left` that lack vectors (`have`: the ids that have one), a
+        batch a generation, until done or the budget is spent; `total`: about how many that is."""
         if not todo and not left:
             return
-        have = _vector_ids(self.snap.vectors) if left else set()
-        total = len(todo) + self._estimate(left, have)
         done = 0
         self.progress("embed", 0, total)
         queue, later = list(todo), list(left)
@@ -418,7 +421,7 @@ class Syncer:
             vecs = self.emb.encode([t.text for t in batch], on_batch=on_batch) if batch else None
             done += len(batch)
             waiting = {"unembedded": _paths_json([*(t.path for t in queue), *later]),
-                       "unembedded_vectors": str(len(queue) + self._estimate(later, have))}
+                       "unembedded_vectors": str(0 if not (queue or later) else max(total - done, len(queue)))}
             self._commit_vectors(batch, vecs, waiting, stale)
             stale = []
             if self.budget_s is not None:
@@ -440,12 +443,13 @@ class Syncer:
                                  np.asarray([t.id for t in batch], dtype=np.int64))
             self.report.embedded += len(batch)
         old_gen = self.snap.gen
-        gen = int(store.read_info(self.con).get("gen", "0")) + 1
+        gen = old_gen + 1  # the writer lock is held: the snapshot is the committed generation
         store.write_atomic(store.vectors_path(self.dir, gen), lambda p: faiss.write_index(vectors, str(p)))
         for path_of in (store.lexical_path, store.doclex_path):
             store.write_atomic(path_of(self.dir, gen), lambda p, src=path_of(self.dir, old_gen): _link(src, p))
         # A stale file is looked at afresh by the next scan: no mtime and no hash recorded.
-        files = [replace(f, mtime_ns=0, hash="") for f in store.read_files(self.con).values() if f.path in stale]
+        files = [replace(f, mtime_ns=0, hash="") for f in store.read_files(self.con).values()
+                 if f.path in stale] if stale else []
         store.commit(self.con, gen=gen, info=waiting, full=False, removed_paths=[],
                      files=files, chunks=[])
         self.snap = store.Snapshot(gen, store.read_info(self.con), vectors, self.snap.lexical, self.snap.doclex)
@@ -470,8 +474,9 @@ class Syncer:
                 if dtext is not None and r[0] not in have]
 
     def _estimate(self, paths: list[str], have: set[int]) -> int:
-        """About how many chunks of `paths` wait for vectors (for progress): their definitions' first
-        chunks, and every chunk of a file without a grammar, less those with vectors."""
+        """About how many chunks of `paths` wait for vectors (for progress, and `unembedded_vectors`):
+        their definitions' first chunks, and every chunk of a file without a grammar, less those with
+        vectors. Read from the stored rows, without chunking the files again."""
         n = 0
         for path in paths:
             seen = set()

@@ -3,6 +3,7 @@ repositories made of standard-library modules (code nobody here wrote)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import sysconfig
 from pathlib import Path
@@ -21,6 +22,11 @@ def embedder():
     from index.embed import load_embedder
 
     return load_embedder()
+
+
+def waiting(ix) -> list[str]:
+    """The files a CodeIndex still embeds vectors for (sync.py's `info["unembedded"]`)."""
+    return json.loads(ix.info().get("unembedded", "[]"))
 
 
 def copy_modules(dst: Path, names=MODULES) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -14,7 +13,7 @@ import pytest
 
 from index.code_index import CodeIndex
 
-from .conftest import copy_modules
+from .conftest import copy_modules, waiting
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,10 +41,6 @@ def kill_when(proc: subprocess.Popen, ready) -> None:
         if proc.stderr:
             proc.stderr.close()
     assert proc.returncode == -signal.SIGKILL
-
-
-def waiting(ix: CodeIndex) -> list[str]:
-    return json.loads(ix.info().get("unembedded", "[]"))
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from index import store
 from index.code_index import CodeIndex, dense_depth
 from tests.conftest import git
 
-from .conftest import STDLIB, copy_modules, make_repo
+from .conftest import STDLIB, copy_modules, make_repo, waiting
 
 
 def top_paths(ix: CodeIndex, query: str, k: int = 3, **kw) -> list[str]:
@@ -244,12 +244,6 @@ def partly_embedded(ix: CodeIndex) -> set[int]:
     have = vector_ids(ix)
     assert have <= set(firsts.values()) and snap.vectors.ntotal == len(have)
     return have
-
-
-def waiting(ix: CodeIndex) -> list[str]:
-    import json
-
-    return json.loads(ix.info().get("unembedded", "[]"))
 
 
 def test_a_time_budget_commits_every_file_by_its_words_and_the_next_sync_embeds_the_rest(
